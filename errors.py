@@ -1,0 +1,22 @@
+"""
+User errors: a mistake a user can fix (a bad flag, a missing file) is raised as UserError and
+printed as one line, `error: ...`, with exit status 2 - no traceback. Anything else is a bug and
+keeps its traceback.
+"""
+import sys
+
+
+class UserError(Exception):
+    pass
+
+
+def _excepthook(kind, value, tb):
+    if issubclass(kind, UserError):
+        print(f"error: {value}", file=sys.stderr, flush=True)
+        sys.exit(2)  # sys.exit inside the hook sets the interpreter's exit status
+    sys.__excepthook__(kind, value, tb)
+
+
+def install():
+    """Entry scripts call this once so an uncaught UserError prints one line and exits with 2."""
+    sys.excepthook = _excepthook
