@@ -14,6 +14,9 @@ def atomic_write(path, mode="wb"):
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the permissions open() would
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -1,0 +1,71 @@
+"""
+Checkpoint I/O. The file keeps nanoGPT's ckpt.pt layout (model, optimizer, model_args, iter_num,
+best_val_loss, config, plus our additions), holds only tensors and plain types, is written atomically
+and is read with torch.load(weights_only=True), so a checkpoint can never run code.
+"""
+import os
+import pickle
+import zipfile
+
+import torch
+
+from atomic import atomic_write
+from errors import UserError
+from model import GPT, GPTConfig
+
+# prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def clean_state_dict(state_dict):
+    """Strip wrapper prefixes, and the causal-mask buffers that older nanoGPT versions saved."""
+    out = {}
+    for k, v in state_dict.items():
+        while k.startswith(_WRAPPER_PREFIXES):
+            k = k.split(".", 1)[1]
+        if k.endswith(".attn.bias") and v.dim() == 4:  # nanoGPT's non-flash mask buffer, not a weight
+            continue
+        out[k] = v
+    return out
+
+
+def save_checkpoint(ckpt, path):
+    """Write atomically; on failure (disk full, read-only folder) say so and keep the previous file.
+    Returns whether the save succeeded."""
+    try:
+        with atomic_write(path) as f:
+            torch.save(ckpt, f)
+        return True
+    except OSError as e:
+        print(f"error: could not save checkpoint to {path} ({e.strerror or e}); the previous checkpoint is kept")
+        return False
+
+
+def load_checkpoint(path):
+    """Read a checkpoint onto the CPU (no GPU memory spike), refusing anything that is not plain data."""
+    if not os.path.exists(path):
+        raise UserError(f"no checkpoint at {path}: train one first, or point out_dir at the folder holding ckpt.pt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable checkpoint (truncated, corrupted or unsafe): {reason[:200]}")
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
+    ckpt["model"] = clean_state_dict(ckpt["model"])
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, path="checkpoint"):
+    """Build the GPT a checkpoint describes and load its weights; a mismatch is a clear error."""
+    try:
+        config = GPTConfig(**ckpt["model_args"])
+    except TypeError as e:
+        raise UserError(f"{path}: model_args do not describe a GPT ({e})")
+    model = GPT(config)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        first = str(e).replace("\n", " ").replace("\t", "")
+        raise UserError(f"{path}: weights do not match the model its model_args describe: {first[:300]}")
+    return model

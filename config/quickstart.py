@@ -1,0 +1,22 @@
+# The quick start: the shakespeare_char model, sized for the machine it runs on.
+# On a GPU it is config/train_shakespeare_char.py as is (a couple of minutes on a modern card);
+# on a CPU it is a smaller model on shorter contexts so that it finishes in a few minutes.
+# $ python train.py config/quickstart.py
+import torch
+
+exec(open('config/train_shakespeare_char.py').read())
+
+if not torch.cuda.is_available():
+    print("quickstart: no GPU found, training a small model on the CPU")
+    device = 'cpu'
+    compile = False
+    eval_iters = 20
+    log_interval = 50
+    block_size = 64
+    batch_size = 12
+    n_layer = 4
+    n_head = 4
+    n_embd = 128
+    max_iters = 2000
+    lr_decay_iters = 2000
+    dropout = 0.0

@@ -1,0 +1,87 @@
+"""
+Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style.
+
+An entry script defines its configuration as plain module-level globals, then calls
+
+    config = configurator.apply(globals(), sys.argv[1:])
+
+Each argument is either a config file (a Python file, run with the current values in scope, whose
+assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
+string). Later arguments win. Unknown keys and values of the wrong type stop the script with one line
+naming the key, the expected type and the given value; an int is accepted for a float.
+"""
+import ast
+import os
+import types
+
+from errors import UserError
+
+CONFIG_TYPES = (bool, int, float, str)
+
+
+def config_keys(g):
+    """The configuration of a script: its public module-level globals of plain types."""
+    return [k for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)]
+
+
+def _coerce(key, value, current, where):
+    expected = type(current)
+    if expected is float and type(value) is int:
+        return float(value)
+    if type(value) is expected:
+        return value
+    raise UserError(f"{key} expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {where}")
+
+
+def _parse_flag(arg, current):
+    key, _, raw = arg[2:].partition("=")
+    if isinstance(current, str):
+        return key, raw  # a str setting takes the text as given: --out_dir=2024 is the folder '2024'
+    if isinstance(current, bool) and raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return key, value
+
+
+def _run_config_file(path, config):
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
+    scope = dict(config)
+    with open(path) as f:
+        code = compile(f.read(), path, "exec")
+    exec(code, scope)
+    overrides = {}
+    for key, value in scope.items():
+        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+            continue  # imports, helper functions and private names are the file's own business
+        if key not in config:
+            raise UserError(f"unknown config key '{key}' in {path}")
+        if value is not config[key]:
+            overrides[key] = value
+    return overrides
+
+
+def apply(g, argv):
+    """Apply config files and --key=value flags in `argv` to the globals `g`; return the final config dict."""
+    keys = config_keys(g)
+    for arg in argv:
+        config = {k: g[k] for k in keys}
+        if "=" not in arg:
+            if arg.startswith("-"):
+                raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
+            for key, value in _run_config_file(arg, config).items():
+                print(f"config {arg}: {key} = {value!r}")
+                g[key] = _coerce(key, value, config[key], arg)
+        else:
+            if not arg.startswith("--"):
+                raise UserError(f"cannot parse argument {arg!r}: write --key=value")
+            key = arg[2:].partition("=")[0]
+            if key not in config:
+                raise UserError(f"unknown config key '{key}' (from {arg})")
+            key, value = _parse_flag(arg, config[key])
+            print(f"config flag: {key} = {value!r}")
+            g[key] = _coerce(key, value, config[key], arg)
+    return {k: g[k] for k in keys}

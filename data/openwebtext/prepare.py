@@ -1,0 +1,134 @@
+"""
+Prepare OpenWebText (or any text dataset) for GPT-2 training: GPT-2 BPE tokens, each document followed by
+<|endoftext|> (50256), in train.bin and val.bin (uint16), plus meta.json. Follows nanoGPT's prepare.py.
+
+    python data/openwebtext/prepare.py                         # Skylion007/openwebtext from the HF hub
+    python data/openwebtext/prepare.py --local docs.jsonl      # or local jsonl/json/parquet/txt files,
+    python data/openwebtext/prepare.py --local some/folder     # a folder of them, or a save_to_disk folder
+
+A .txt file is one document; jsonl/json/parquet rows are documents, their text in --text_column.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+import errors
+from datafiles import write_meta
+from errors import UserError
+from tokenizer import gpt2_encoding
+
+errors.install()
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--dataset", default="Skylion007/openwebtext", help="HF hub dataset id (its 'train' split)")
+parser.add_argument("--local", "--input", dest="local", help="local file or folder to read instead of the hub")
+parser.add_argument("--text_column", default="text")
+parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="worker processes for loading and tokenizing (a good number is about half your cores)")
+parser.add_argument("--val_fraction", type=float, default=0.0005)
+parser.add_argument("--seed", type=int, default=2357)
+args = parser.parse_args()
+if args.num_proc < 1:
+    raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
+if not 0 < args.val_fraction < 1:
+    raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+if args.local is not None and not os.path.exists(args.local):
+    raise UserError(f"--local path {args.local} does not exist")
+gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
+
+# heavy imports after the argument checks, so mistakes are reported at once
+import numpy as np
+from tqdm import tqdm
+import datasets
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+def load_local(path):
+    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+        ds = datasets.load_from_disk(path)
+        if isinstance(ds, datasets.DatasetDict):
+            if "train" not in ds and len(ds) != 1:
+                raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        return ds
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1] in BUILDERS)
+    kinds = {BUILDERS.get(os.path.splitext(f)[1]) for f in files}
+    if not files or None in kinds or len(kinds) > 1:
+        raise UserError(f"--local {path}: expected one kind of {'/'.join(BUILDERS)} files or a save_to_disk folder")
+    kind = kinds.pop()
+    extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
+    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(args.num_proc, len(files)), **extra)
+
+
+if args.local is not None:
+    dataset = load_local(args.local)
+else:
+    try:
+        # takes 54GB in the huggingface .cache dir, about 8M documents (8,013,769)
+        dataset = datasets.load_dataset(args.dataset, split="train", num_proc=args.num_proc)
+    except OSError as e:  # no network, unknown id, no access: all arrive as OSError subclasses
+        raise UserError(f"could not load dataset {args.dataset!r} from the HF hub ({e}); "
+                        f"pass --local with local files instead")
+if args.text_column not in dataset.column_names:
+    raise UserError(f"the dataset has no column {args.text_column!r} (columns: {dataset.column_names}); "
+                    f"pick one with --text_column")
+if len(dataset) < 2:
+    raise UserError(f"the dataset has {len(dataset)} document(s); need at least 2 for a train/val split")
+
+# owt by default only contains the 'train' split, so create a test split (at least one document)
+split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=args.seed, shuffle=True)
+split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
+
+
+# tokenize the dataset; the encoding is fetched inside the worker (cached per process) rather than captured,
+# so the function pickles small and datasets can fingerprint it for its cache
+def process(example):
+    enc = gpt2_encoding()
+    ids = enc.encode_ordinary(example[args.text_column])  # encode_ordinary ignores any special tokens
+    ids.append(enc.eot_token)  # add the end of text token, e.g. 50256 for gpt2 bpe
+    return {"ids": ids, "len": len(ids)}
+
+
+tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
+                              desc="tokenizing the splits", num_proc=args.num_proc)
+
+# concatenate all the ids in each dataset into one large file we can use for training
+os.makedirs(args.out_dir, exist_ok=True)
+for split, dset in tokenized.items():
+    arr_len = int(np.sum(dset["len"], dtype=np.uint64))
+    filename = os.path.join(args.out_dir, f"{split}.bin")
+    # write under a temporary name and rename at the end: an interrupted run leaves no valid-looking half file
+    tmp = filename + ".tmp"
+    try:
+        arr = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(arr_len,))  # can do since enc.max_token_value < 2**16
+        total_batches = min(1024, len(dset))
+        idx = 0
+        for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}"):
+            # batch together samples for faster write
+            batch = dset.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")
+            arr_batch = np.concatenate(batch["ids"])
+            arr[idx : idx + len(arr_batch)] = arr_batch
+            idx += len(arr_batch)
+        assert idx == arr_len, (idx, arr_len)
+        arr.flush()
+        del arr
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, filename)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    print(f"{split}.bin has {arr_len:,} tokens")
+enc = gpt2_encoding()
+write_meta(args.out_dir, {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token})
+
+# train.bin is ~17GB, val.bin ~8.5MB
+# train has ~9B tokens (9,035,582,198)
+# val has ~4M tokens (4,434,897)
+
+# to read the bin files later, e.g. with numpy:
+# m = np.memmap('train.bin', dtype=np.uint16, mode='r')

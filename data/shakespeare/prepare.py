@@ -1,0 +1,67 @@
+"""
+Prepare the tiny Shakespeare dataset with GPT-2's BPE tokenizer. Writes train.bin and val.bin (uint16
+token ids) and meta.json.
+
+    python data/shakespeare/prepare.py [--input input.txt] [--out_dir data/shakespeare]
+"""
+import argparse
+import os
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+import errors
+from atomic import atomic_write
+from datafiles import write_meta, write_tokens
+from errors import UserError
+from tokenizer import gpt2_encoding
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+errors.install()
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
+parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+args = parser.parse_args()
+os.makedirs(args.out_dir, exist_ok=True)
+
+# find the text: --input, else a previous download, else download it (atomically, so a cut-off
+# download is never mistaken for the whole text next time)
+input_file_path = args.input or os.path.join(args.out_dir, "input.txt")
+if args.input is None and not os.path.exists(input_file_path):
+    print(f"downloading {URL}")
+    try:
+        with urllib.request.urlopen(URL, timeout=60) as r:
+            text = r.read()
+    except OSError as e:
+        raise UserError(f"could not download {URL} ({e}); pass --input with a local copy of tinyshakespeare's input.txt")
+    with atomic_write(input_file_path) as f:
+        f.write(text)
+if not os.path.isfile(input_file_path):
+    raise UserError(f"input file {input_file_path} does not exist")
+try:
+    # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
+    with open(input_file_path, encoding="utf-8", newline="") as f:
+        data = f.read()
+except UnicodeDecodeError as e:
+    raise UserError(f"{input_file_path} is not UTF-8 text ({e})")
+n = len(data)
+train_data = data[:int(n * 0.9)]
+val_data = data[int(n * 0.9):]
+
+# encode with tiktoken gpt2 bpe; encode_ordinary treats a literal "<|endoftext|>" in the text as plain text
+enc = gpt2_encoding()
+train_ids = enc.encode_ordinary(train_data)
+val_ids = enc.encode_ordinary(val_data)
+print(f"train has {len(train_ids):,} tokens")
+print(f"val has {len(val_ids):,} tokens")
+if not train_ids or not val_ids:
+    raise UserError(f"{input_file_path} is too short to give both a train and a val split any tokens")
+
+# export to bin files, then meta.json last: a folder with meta.json is a finished dataset
+write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, "uint16")
+write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, "uint16")
+write_meta(args.out_dir, {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token})
+
+# train.bin has 301,966 tokens
+# val.bin has 36,059 tokens

@@ -1,0 +1,100 @@
+"""
+Which device, precision and compile mode a run gets. Shared by train.py, sample.py and bench.py so that
+each resolves 'auto', reports what it chose, and rejects what cannot work with one clear line.
+"""
+import importlib.util
+import shutil
+from contextlib import nullcontext
+
+import torch
+
+from errors import UserError
+
+# Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
+# First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
+PEAK_FLOPS = [
+    ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
+    ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12),
+    ("L40S", 362e12), ("L4", 121e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12),
+    ("T4", 65e12),
+]
+
+
+def peak_flops(device):
+    """The datasheet peak of the GPU in use, or None (CPU, MPS, a GPU not in the table)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+
+
+def _mps_available():
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+
+def resolve_device(device):
+    """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+        print(f"device: {device} (auto)")
+        return device
+    kind = device.split(":")[0]
+    if kind not in ("cuda", "cpu", "mps"):
+        raise UserError(f"unknown device '{device}': use auto, cuda, cuda:N, cpu or mps")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device={device} but CUDA is not available here: use --device=cpu (or auto)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    if kind == "mps" and not _mps_available():
+        raise UserError("device=mps but MPS is not available here: use --device=cpu (or auto)")
+    return device
+
+
+def resolve_dtype(dtype, device_type):
+    """'auto': bfloat16 on GPUs that have it, float16 on older GPUs, float32 on CPU and MPS."""
+    if dtype == "auto":
+        if device_type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
+    if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError("dtype=bfloat16 is not supported on this GPU: use --dtype=float16 (with loss scaling)")
+    if dtype == "float16" and device_type == "cpu":
+        raise UserError("dtype=float16 needs a GPU: use --dtype=bfloat16 or --dtype=float32 on the CPU")
+    return dtype
+
+
+def autocast(device_type, dtype):
+    """Mixed precision for the forward pass (weights stay float32); nothing to do for float32."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+
+
+def compile_problem(device_type):
+    """Why torch.compile cannot work here, or None when it can."""
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile is not supported on this Python/platform"
+    if device_type == "mps":
+        return "torch.compile does not support MPS well"
+    if device_type == "cuda" and importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device_type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return "no C++ compiler found for the CPU backend"
+    return None
+
+
+def maybe_compile(model, compile, device_type, **options):
+    """torch.compile the model (or function) unless it cannot work here; then say so and run eagerly."""
+    if not compile:
+        return model
+    problem = compile_problem(device_type)
+    if problem:
+        print(f"compile: off ({problem})")
+        return model
+    print("compiling the model... (takes a ~minute)")
+    return torch.compile(model, **options)

@@ -1,0 +1,88 @@
+"""
+Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 weights.
+$ python sample.py --out_dir=out-shakespeare-char
+$ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
+"""
+import os
+import sys
+
+import torch
+
+import configurator
+import errors
+import hardware
+from checkpoint import load_checkpoint, model_from_checkpoint
+from datafiles import read_meta
+from model import GPT
+from tokenizer import get_tokenizer
+
+# -----------------------------------------------------------------------------
+init_from = 'resume'  # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
+out_dir = 'out'  # ignored if init_from is not 'resume'
+start = "\n"  # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
+num_samples = 10  # number of samples to draw
+max_new_tokens = 500  # number of tokens generated in each sample
+temperature = 0.8  # 1.0 = no change, < 1.0 = less random, > 1.0 = more random; 0 = greedy
+top_k = 200  # retain only the top_k most likely tokens, clamp others to have 0 probability; 0 = all
+seed = 1337
+device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
+dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
+compile = False  # use PyTorch 2.0 to compile the model to be faster
+# -----------------------------------------------------------------------------
+errors.install()
+configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
+# -----------------------------------------------------------------------------
+
+torch.manual_seed(seed)
+torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
+device = hardware.resolve_device(device)
+device_type = device.split(':')[0]
+ctx = hardware.autocast(device_type, hardware.resolve_dtype(dtype, device_type))
+
+# model, and the tokenizer of the data it was trained on
+if init_from == 'resume':
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    checkpoint = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(checkpoint, ckpt_path)
+    meta = checkpoint.get('dataset_meta')
+    if meta is None and 'dataset' in checkpoint.get('config', {}):
+        # a nanoGPT checkpoint: look for the dataset's metadata where nanoGPT keeps it
+        meta = read_meta(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', checkpoint['config']['dataset']))
+    checkpoint = None
+elif init_from.startswith('gpt2') or os.path.isdir(init_from):
+    try:
+        model = GPT.from_pretrained(init_from, dict(dropout=0.0))
+    except OSError as e:
+        raise errors.UserError(f"could not load GPT-2 weights '{init_from}' (no network, or not a model name "
+                               f"or folder?): {str(e).splitlines()[0]}")
+    meta = None
+else:
+    raise errors.UserError(f"unknown init_from '{init_from}': use resume, gpt2, gpt2-medium, gpt2-large, "
+                           f"gpt2-xl or a folder written by transformers' save_pretrained")
+tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
+print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
+
+model.eval()
+model.to(device)
+# generate() calls forward once per token with a growing cache: compile forward, with dynamic shapes
+model.forward = hardware.maybe_compile(model.forward, compile, device_type, dynamic=True)
+
+# encode the beginning of the prompt
+if start.startswith('FILE:'):
+    prompt_path = start[5:]
+    if not os.path.isfile(prompt_path):
+        raise errors.UserError(f"prompt file {prompt_path} not found (from start=FILE:{prompt_path})")
+    with open(prompt_path, 'r', encoding='utf-8') as f:
+        start = f.read()
+start_ids = tokenizer.encode(start)
+if not start_ids:
+    raise errors.UserError("the prompt is empty: give at least one token with --start=...")
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
+
+# run generation
+with torch.no_grad():
+    with ctx:
+        for k in range(num_samples):
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+            print(tokenizer.decode(y[0].tolist()))
+            print('---------------')

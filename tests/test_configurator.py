@@ -1,0 +1,51 @@
+import pytest
+
+import configurator
+from errors import UserError
+
+
+def defaults():
+    return dict(batch_size=12, learning_rate=6e-4, compile=True, out_dir="out", dataset="openwebtext")
+
+
+def test_config_file_then_flags_override(tmp_path):
+    cfg = tmp_path / "my_config.py"
+    cfg.write_text("import math\nbatch_size = 4 * 8\nout_dir = 'out-' + dataset\n_private = 3\n")
+    g = defaults()
+    config = configurator.apply(g, [str(cfg), "--batch_size=7", "--learning_rate=1e-3", "--compile=False"])
+    assert config == dict(batch_size=7, learning_rate=1e-3, compile=False, out_dir="out-openwebtext",
+                          dataset="openwebtext")
+    assert g["batch_size"] == 7  # the globals themselves change
+
+
+def test_int_accepted_for_float_and_strings_taken_as_given():
+    g = defaults()
+    configurator.apply(g, ["--learning_rate=1", "--out_dir=2024", "--dataset=shakespeare_char", "--compile=true"])
+    assert g["learning_rate"] == 1.0 and type(g["learning_rate"]) is float
+    assert g["out_dir"] == "2024" and g["dataset"] == "shakespeare_char" and g["compile"] is True
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("--batch_sise=3", ["unknown config key 'batch_sise'"]),
+    ("--batch_size=3.5", ["batch_size expects int", "3.5", "float"]),
+    ("--batch_size=abc", ["batch_size expects int", "'abc'"]),
+    ("--compile=1", ["compile expects bool", "1"]),
+    ("--learning_rate=fast", ["learning_rate expects float", "'fast'"]),
+    ("--batch_size", ["flag --batch_size has no value"]),
+    ("no_such_file.py", ["config file no_such_file.py not found"]),
+])
+def test_bad_arguments_name_the_problem(arg, words):
+    with pytest.raises(UserError) as e:
+        configurator.apply(defaults(), [arg])
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    cfg = tmp_path / "bad.py"
+    cfg.write_text("batch_sise = 3\n")
+    with pytest.raises(UserError, match=r"unknown config key 'batch_sise' in .*bad\.py"):
+        configurator.apply(defaults(), [str(cfg)])
+    cfg.write_text("batch_size = '3'\n")
+    with pytest.raises(UserError, match=r"batch_size expects int, got '3' \(str\) from .*bad\.py"):
+        configurator.apply(defaults(), [str(cfg)])

@@ -1,0 +1,126 @@
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+
+def tiny(**kw):
+    cfg = dict(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=True)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg))
+
+
+def test_shapes_and_last_position_logits():
+    model = tiny()
+    idx = torch.randint(0, 101, (3, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 101) and loss.dim() == 0
+    logits, loss = model(idx)
+    assert logits.shape == (3, 1, 101) and loss is None
+    # the last-position logits are the same numbers the full forward computes
+    full, _ = model(idx, idx)
+    torch.testing.assert_close(logits[:, 0], full[:, -1])
+
+
+def test_initial_loss_is_near_uniform():
+    model = tiny(vocab_size=512, n_embd=64)
+    idx = torch.randint(0, 512, (8, 32))
+    _, loss = model(idx, torch.randint(0, 512, (8, 32)))
+    assert abs(loss.item() - math.log(512)) < 0.1
+
+
+def test_ignore_index_targets_are_skipped():
+    model = tiny()
+    idx = torch.randint(0, 101, (2, 8))
+    targets = idx.clone()
+    targets[:, 4:] = -1
+    _, loss_masked = model(idx, targets)
+    logits, _ = model(idx, idx)
+    expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 101), idx[:, :4].reshape(-1))
+    torch.testing.assert_close(loss_masked, expected)
+
+
+def test_backward_reaches_every_parameter():
+    model = tiny()
+    idx = torch.randint(0, 101, (2, 16))
+    _, loss = model(idx, idx)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_weight_tying_and_param_count():
+    model = tiny(bias=False)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    n = sum(p.numel() for p in model.parameters())
+    assert model.get_num_params(non_embedding=False) == n
+    assert model.get_num_params() == n - 32 * 32
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 31])
+def test_kv_cache_greedy_generation_matches_uncached(prompt_len):
+    model = tiny().eval()
+    idx = torch.randint(0, 101, (2, prompt_len))
+    # 40 new tokens runs past block_size=32, so the cropping path is exercised too
+    cached = model.generate(idx, 40, temperature=0, use_cache=True)
+    plain = model.generate(idx, 40, temperature=0, use_cache=False)
+    assert cached.shape == (2, prompt_len + 40)
+    assert torch.equal(cached, plain)
+    # top_k=1 sampling is greedy as well
+    assert torch.equal(model.generate(idx, 10, top_k=1), plain[:, :prompt_len + 10])
+
+
+def test_sampling_uses_the_given_generator_only():
+    model = tiny().eval()
+    idx = torch.randint(0, 101, (1, 4))
+    a = model.generate(idx, 20, top_k=50, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(123)  # the global stream must not matter
+    b = model.generate(idx, 20, top_k=50, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
+def test_crop_block_size():
+    model = tiny()
+    model.crop_block_size(16)
+    assert model.config.block_size == 16 and model.transformer.wpe.weight.shape == (16, 32)
+    logits, _ = model(torch.randint(0, 101, (1, 16)))
+    assert logits.shape == (1, 1, 101)
+    with pytest.raises(AssertionError):
+        model(torch.randint(0, 101, (1, 17)))
+    out = model.eval().generate(torch.randint(0, 101, (1, 4)), 30, temperature=0)
+    assert out.shape == (1, 34)
+
+
+def test_configure_optimizers_decays_matrices_only():
+    model = tiny()
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, nodecay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and nodecay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in nodecay["params"])
+    assert len(decay["params"]) + len(nodecay["params"]) == len(list(model.parameters()))
+
+
+def test_estimate_mfu_uses_the_peak_given():
+    model = tiny()
+    assert model.estimate_mfu(4, 0.1) is None  # CPU: no peak known
+    flops = model.flops_per_token() * 32 * 4
+    assert model.estimate_mfu(4, 0.1, peak_flops=1e12) == pytest.approx(flops / 0.1 / 1e12)
+
+
+def test_from_pretrained_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, vocab_size=300)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(str(tmp_path)).eval()
+    assert model.config.block_size == 64 and model.config.vocab_size == 300
+    idx = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        ours, _ = model(idx, idx)
+        theirs = hf(idx).logits
+    assert (ours - theirs).abs().max().item() < 1e-4

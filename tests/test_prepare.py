@@ -1,0 +1,90 @@
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+
+from datafiles import open_tokens, read_meta
+from tokenizer import get_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def prepare(dataset, *args, env=None):
+    cmd = [sys.executable, os.path.join("data", dataset, "prepare.py"), *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def read_text(path):
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def decode_splits(out_dir):
+    meta = read_meta(out_dir)
+    tok = get_tokenizer(meta)
+    return tok, [open_tokens(os.path.join(out_dir, f"{s}.bin"), meta["dtype"]) for s in ("train", "val")]
+
+
+def test_shakespeare_char(shakespeare_text_path, tmp_path):
+    r = prepare("shakespeare_char", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "vocab size: 65" in r.stdout
+    meta = read_meta(tmp_path)
+    assert meta["tokenizer"] == "char" and meta["vocab_size"] == 65 and len(meta["itos"]) == 65
+    tok, (train, val) = decode_splits(tmp_path)
+    assert (len(train), len(val)) == (1_003_854, 111_540)  # nanoGPT's numbers
+    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+    assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_shakespeare_bpe(shakespeare_text_path, gpt2_ranks_path, tmp_path):
+    r = prepare("shakespeare", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "meta.json").read_text()) == {
+        "tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256}
+    tok, (train, val) = decode_splits(tmp_path)
+    assert (len(train), len(val)) == (301_966, 36_059)  # nanoGPT's numbers
+    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+
+
+def test_openwebtext_local(gpt2_ranks_path, tmp_path):
+    rng = random.Random(0)
+    words = ["the", "cat", "sat", "on", "mat", "héllo", "日本", "🙂", "\n", "  ", "'s", "42", "<|endoftext|>"]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(50)]
+    docs[0] = ""  # an empty document still gets its end-of-text token
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    out = tmp_path / "out"
+    r = prepare("openwebtext", "--local", src, "--num_proc", 2, "--out_dir", out,
+                env={"HF_DATASETS_CACHE": str(tmp_path / "hf_cache")})
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]  # no .tmp left behind
+    assert read_meta(out)["tokenizer"] == "gpt2"
+    tok, (train, val) = decode_splits(out)
+    assert len(val) > 0 and len(train) > 0
+    # the split is shuffled, so compare documents as multisets: each is its encode_ordinary ids then 50256
+    # (a literal "<|endoftext|>" in a document is ordinary text, so it never produces 50256 itself)
+    got = []
+    for split in (train, val):
+        ids = np.asarray(split).tolist()
+        assert ids[-1] == 50256
+        cuts = [-1] + [i for i, t in enumerate(ids) if t == 50256]
+        got += [ids[a + 1:b] for a, b in zip(cuts, cuts[1:])]
+    want = [tok.enc.encode_ordinary(d) for d in docs]
+    assert sorted(got) == sorted(want)
+    assert sorted(tok.decode(d) for d in got) == sorted(docs)
+
+
+def test_missing_input_is_one_line(tmp_path):
+    missing = tmp_path / "no_such_file.txt"
+    for dataset, flag in [("shakespeare_char", "--input"), ("shakespeare", "--input"),
+                          ("openwebtext", "--local"), ("openwebtext", "--input")]:
+        r = prepare(dataset, flag, missing, "--out_dir", tmp_path / "out")
+        assert r.returncode != 0, dataset
+        assert "Traceback" not in r.stderr, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(missing) in lines[0], r.stderr
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []

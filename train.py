@@ -1,0 +1,354 @@
+"""
+Train a GPT. Runs on one device (GPU, CPU, Apple MPS) or on many GPUs with DistributedDataParallel.
+
+One device:
+$ python train.py config/train_shakespeare_char.py --batch_size=32 --compile=False
+
+DDP on one node with 8 GPUs:
+$ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
+
+DDP on 2 nodes with 8 GPUs each (see README, "Multi-node"):
+- first (master) node, with IP 123.456.123.456:
+$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123.456 --master_port=1234 train.py
+- worker node:
+$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=123.456.123.456 --master_port=1234 train.py
+(If your cluster has no Infiniband interconnect prepend NCCL_IB_DISABLE=1)
+"""
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import configurator
+import errors
+import hardware
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from dataloader import RandomWindows, check_split
+from datafiles import read_meta
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+# default config values designed to train a gpt2 (124M) on OpenWebText
+# I/O
+out_dir = 'out'
+eval_interval = 2000
+log_interval = 1
+eval_iters = 200
+eval_only = False  # if True, script exits right after the first eval
+always_save_checkpoint = True  # if True, always save a checkpoint after each eval
+init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 folder)
+# wandb logging
+wandb_log = False
+wandb_project = 'owt'
+wandb_run_name = 'gpt2'
+# data
+dataset = 'openwebtext'
+data_dir = ''  # '' means data/<dataset> beside this script
+gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes (divided by the number of DDP ranks)
+batch_size = 12  # micro-batch size
+block_size = 1024
+# model
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0  # for pretraining 0 is good, for finetuning try 0.1+
+bias = False  # do we use bias inside LayerNorm and Linear layers?
+# adamw optimizer
+learning_rate = 6e-4  # max learning rate
+max_iters = 600000  # total number of training iterations
+weight_decay = 1e-1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # clip gradients at this value, or disable if == 0.0
+# learning rate decay settings
+decay_lr = True  # whether to decay the learning rate
+warmup_iters = 2000  # how many steps to warm up for
+lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
+min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
+# DDP settings
+backend = ''  # '' picks nccl on GPUs and gloo on CPUs
+# system
+device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
+dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
+compile = True  # use PyTorch 2.0 to compile the model to be faster
+seed = 1337
+peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in hardware.py's table
+# -----------------------------------------------------------------------------
+errors.install()
+config = configurator.apply(globals(), sys.argv[1:])  # overrides from the command line or a config file
+# -----------------------------------------------------------------------------
+
+# check what the configurator cannot: values that are the right type but make no sense
+if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
+    raise errors.UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
+                           f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
+if eval_iters <= 0 or eval_interval <= 0:
+    raise errors.UserError(f"eval_iters and eval_interval must be positive (got {eval_iters}, {eval_interval})")
+if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 or max_iters < 0:
+    raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
+                           "positive, max_iters not negative")
+
+# various inits, derived attributes, I/O setup
+ddp = int(os.environ.get('RANK', -1)) != -1  # is this a ddp run?
+device = hardware.resolve_device(device)
+device_type = device.split(':')[0]
+if ddp:
+    ddp_rank = int(os.environ['RANK'])
+    ddp_local_rank = int(os.environ['LOCAL_RANK'])
+    ddp_world_size = int(os.environ['WORLD_SIZE'])
+    if device_type == 'cuda':
+        device = f'cuda:{ddp_local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend or ('nccl' if device_type == 'cuda' else 'gloo'))
+    master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
+    seed_offset = ddp_rank  # each process gets a different seed
+    # world_size number of processes will be training simultaneously, so we can scale
+    # down the desired gradient accumulation iterations per process proportionally
+    if gradient_accumulation_steps % ddp_world_size:
+        raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                               f"the {ddp_world_size} DDP processes: use a multiple of {ddp_world_size}")
+    gradient_accumulation_steps //= ddp_world_size
+else:
+    # if not ddp, we are running on a single device, and one process
+    master_process = True
+    seed_offset = 0
+    ddp_rank, ddp_world_size = 0, 1
+dtype = hardware.resolve_dtype(dtype, device_type)
+tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+if master_process:
+    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        open(os.path.join(out_dir, '.write_test'), 'w').close()
+        os.remove(os.path.join(out_dir, '.write_test'))
+    except OSError as e:
+        raise errors.UserError(f"out_dir {out_dir} is not writable ({e.strerror}): choose another --out_dir")
+torch.manual_seed(seed + seed_offset)
+torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
+ctx = hardware.autocast(device_type, dtype)
+
+# data: the dataset's metadata gives its vocabulary and storage dtype
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+prepare_hint = f"python data/{dataset}/prepare.py"
+if not os.path.isdir(data_dir):
+    raise errors.UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "
+                           f"or set --data_dir)")
+meta = read_meta(data_dir)
+meta_vocab_size = meta['vocab_size'] if meta else None
+token_dtype = meta['dtype'] if meta else 'uint16'
+if meta_vocab_size:
+    print(f"found vocab_size = {meta_vocab_size} (inside {data_dir})")
+
+# model init
+iter_num = 0  # can be overridden if init_from='resume' (i.e. from a checkpoint)
+best_val_loss = 1e9
+checkpoint = None
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                  bias=bias, vocab_size=None, dropout=dropout)  # start with model_args from command line
+if init_from == 'scratch':
+    print("Initializing a new model from scratch")
+    # default to GPT-2's vocab_size of 50304 (50257 rounded up for efficiency) when the data has no metadata
+    model_args['vocab_size'] = meta_vocab_size if meta_vocab_size is not None else 50304
+    model = GPT(GPTConfig(**model_args))
+elif init_from == 'resume':
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    print(f"Resuming training from {ckpt_path}")
+    checkpoint = load_checkpoint(ckpt_path)
+    # the shape of the model comes from the checkpoint; the rest (dropout) can still be set
+    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
+        model_args[k] = checkpoint['model_args'][k]
+    model = model_from_checkpoint({**checkpoint, 'model_args': model_args}, ckpt_path)
+    iter_num = checkpoint['iter_num']
+    best_val_loss = float(checkpoint['best_val_loss'])
+else:
+    print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
+    try:
+        model = GPT.from_pretrained(init_from, dict(dropout=dropout))
+    except OSError as e:
+        raise errors.UserError(f"could not load GPT-2 weights '{init_from}' (no network, or not a model name "
+                               f"or folder?): {str(e).splitlines()[0]}")
+    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
+        model_args[k] = getattr(model.config, k)
+# crop down the model block size if desired, using model surgery
+if block_size < model.config.block_size:
+    model.crop_block_size(block_size)
+    model_args['block_size'] = block_size  # so that the checkpoint will have the right value
+elif block_size > model.config.block_size:
+    raise errors.UserError(f"block_size={block_size} is larger than the model's {model.config.block_size} "
+                           f"({init_from}): use --block_size={model.config.block_size} or less")
+model.to(device)
+vocab_size = model.config.vocab_size
+if meta_vocab_size and meta_vocab_size > vocab_size:
+    raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
+                           f"{vocab_size}: the data and the model use different tokenizers")
+train_path = check_split(data_dir, 'train', block_size, vocab_size, token_dtype, prepare_hint)
+val_path = check_split(data_dir, 'val', block_size, vocab_size, token_dtype, prepare_hint)
+train_loader = RandomWindows(train_path, batch_size, block_size, device, token_dtype, seed=seed + seed_offset)
+
+# initialize a GradScaler. If enabled=False scaler is a no-op
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+
+# optimizer
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if init_from == 'resume':
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    if 'scaler' in checkpoint:
+        scaler.load_state_dict(checkpoint['scaler'])
+    if 'train_loader' in checkpoint:
+        train_loader.load_state_dict(checkpoint['train_loader'])
+checkpoint = None  # free up memory
+
+# compile the model
+raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
+model = hardware.maybe_compile(model, compile, device_type)
+
+# wrap model into DDP container
+if ddp:
+    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
+
+
+def all_ranks_mean(value):
+    """Average a float over the DDP ranks (each evaluated its own batches)."""
+    if not ddp:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)  # SUM: gloo has no AVG
+    return t.item() / ddp_world_size
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over eval_iters batches of each split. The batches are the same at every evaluation
+    (a fixed seed), so successive values compare the model, not the luck of the draw."""
+    out = {}
+    model.eval()
+    for split, path in (('train', train_path), ('val', val_path)):
+        loader = RandomWindows(path, batch_size, block_size, device, token_dtype, seed=seed + 1000 + seed_offset)
+        losses = torch.zeros(eval_iters, device=device)
+        for k in range(eval_iters):
+            X, Y = loader.next_batch()
+            with ctx:
+                _, loss = model(X, Y)
+            losses[k] = loss
+        out[split] = all_ranks_mean(losses.mean().item())
+    model.train()
+    return out
+
+
+# learning rate decay scheduler (cosine with warmup)
+def get_lr(it):
+    # 1) linear warmup for warmup_iters steps; never 0 at step 0
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    # 2) past lr_decay_iters, return min learning rate
+    if it >= lr_decay_iters:
+        return min_lr
+    # 3) in between, use cosine decay down to min learning rate
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # coeff ranges 0..1
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def save():
+    checkpoint = {
+        'model': raw_model.state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'model_args': model_args,
+        'iter_num': iter_num,
+        'best_val_loss': best_val_loss,
+        'config': config,
+        'scaler': scaler.state_dict(),
+        'train_loader': train_loader.state_dict(),
+        'dataset_meta': meta,
+    }
+    path = os.path.join(out_dir, 'ckpt.pt')
+    print(f"saving checkpoint to {path}")
+    save_checkpoint(checkpoint, path)
+
+
+# logging
+if master_process:
+    print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
+if wandb_log and master_process:
+    import wandb
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+
+# training loop
+X, Y = train_loader.next_batch()  # fetch the very first batch
+t0 = time.time()
+local_iter_num = 0  # number of iterations in the lifetime of this process
+start_iter = iter_num
+running_mfu = -1.0
+while True:
+
+    # determine and set the learning rate for this iteration
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for param_group in optimizer.param_groups:
+        param_group['lr'] = lr
+
+    # evaluate the loss on train/val sets and write checkpoints; at the end too, so the last model counts.
+    # A resumed run skips its first evaluation: the checkpoint it came from was saved right after it.
+    last_step = iter_num >= max_iters
+    if (iter_num % eval_interval == 0 or last_step or eval_only) and not (iter_num == start_iter and init_from == 'resume' and not eval_only):
+        losses = estimate_loss()
+        if master_process:
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            if wandb_log:
+                wandb.log({"iter": iter_num, "train/loss": losses['train'], "val/loss": losses['val'],
+                           "lr": lr, "mfu": running_mfu * 100})
+            if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
+                best_val_loss = min(best_val_loss, losses['val'])
+                if iter_num > 0:
+                    save()
+    if eval_only or last_step:
+        break
+
+    # forward backward update, with optional gradient accumulation to simulate larger batch size
+    # and using the GradScaler if data type is float16
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:
+            # in DDP training we only need to sync gradients at the last micro step.
+            # the official way to do this is with model.no_sync() context manager, but
+            # that bloats the code and forces us to repeat code; this flag does the same
+            model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
+        # immediately async prefetch next batch while model is doing the forward pass on the GPU
+        X, Y = train_loader.next_batch()
+        # backward pass, with gradient scaling if training in fp16
+        scaler.scale(loss).backward()
+    # clip the gradient
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    # step the optimizer and scaler if training in fp16
+    scaler.step(optimizer)
+    scaler.update()
+    # flush the gradients as soon as we can, no need for this memory anymore
+    optimizer.zero_grad(set_to_none=True)
+
+    # timing and logging
+    t1 = time.time()
+    dt = t1 - t0
+    t0 = t1
+    if iter_num % log_interval == 0 and master_process:
+        # get loss as float. note: this is a CPU-GPU sync point
+        # scale up to undo the division above, approximating the true total loss (exact would have been a sum)
+        lossf = loss.item() * gradient_accumulation_steps
+        if local_iter_num >= 5:  # let the training loop settle a bit
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)
+            if mfu is not None:
+                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
+        mfu_text = f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else ""
+        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
+              f"tok/s {tokens_per_iter / dt:,.0f}{mfu_text}")
+    iter_num += 1
+    local_iter_num += 1
+
+if ddp:
+    dist.destroy_process_group()
