@@ -14,10 +14,13 @@ $ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123
 $ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=123.456.123.456 --master_port=1234 train.py
 (If your cluster has no Infiniband interconnect prepend NCCL_IB_DISABLE=1)
 """
+import time
+
+launch_time = time.time()  # for "N s since launch" in the log
+
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -296,7 +299,8 @@ while True:
     if (iter_num % eval_interval == 0 or last_step or eval_only) and not (iter_num == start_iter and init_from == 'resume' and not eval_only):
         losses = estimate_loss()
         if master_process:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+                  f"{time.time() - launch_time:.1f}s since launch")
             if wandb_log:
                 wandb.log({"iter": iter_num, "train/loss": losses['train'], "val/loss": losses['val'],
                            "lr": lr, "mfu": running_mfu * 100})
