@@ -129,6 +129,8 @@ def bench_generate(B):
 
 
 def git_revision():
+    if os.environ.get('GIT_REVISION'):  # for copies of the tree without .git
+        return os.environ['GIT_REVISION']
     try:
         return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
