@@ -2,8 +2,9 @@
 Batches for training and evaluation from a dataset's train.bin / val.bin (see datafiles.py).
 
 RandomWindows is nanoGPT's sampler: each batch is batch_size windows of block_size+1 tokens at random
-offsets. It draws from its own torch.Generator, so its position in the random stream is part of the
-checkpoint and evaluation never disturbs the training batches.
+offsets. The offsets of batch n on a rank come from a random generator seeded with (seed, stream, rank, n),
+so the sampler's whole state is the number of batches drawn: the same on every rank, a plain int in the
+checkpoint, and a resumed run draws exactly the batches an uninterrupted one would have.
 """
 import os
 
@@ -34,18 +35,20 @@ def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
 
 class RandomWindows:
 
-    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0):
+    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0):
         self.path, self.batch_size, self.block_size = path, batch_size, block_size
         self.device, self.dtype = torch.device(device), dtype
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
+        self.batches = 0  # batches drawn so far
 
     def next_batch(self):
         # re-create the memmap every batch: a long-lived one keeps growing the process's memory
         data = open_tokens(self.path, self.dtype)
-        self._state_before = self.generator.get_state()
-        ix = torch.randint(len(data) - self.block_size, (self.batch_size,), generator=self.generator)
-        x = torch.from_numpy(np.stack([data[i:i + self.block_size].astype(np.int64) for i in ix.tolist()]))
-        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + self.block_size].astype(np.int64) for i in ix.tolist()]))
+        rng = np.random.default_rng([self.seed, self.stream, self.rank, self.batches])
+        self.batches += 1
+        ix = rng.integers(0, len(data) - self.block_size, size=self.batch_size).tolist()
+        x = torch.from_numpy(np.stack([data[i:i + self.block_size].astype(np.int64) for i in ix]))
+        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + self.block_size].astype(np.int64) for i in ix]))
         if self.device.type == "cuda":
             # pinned host memory lets the copy run asynchronously, overlapping the current step
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
@@ -54,7 +57,7 @@ class RandomWindows:
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
-        return {"generator": getattr(self, "_state_before", self.generator.get_state())}
+        return {"batches": max(self.batches - 1, 0)}
 
     def load_state_dict(self, state):
-        self.generator.set_state(state["generator"])
+        self.batches = state["batches"]

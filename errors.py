@@ -12,7 +12,9 @@ class UserError(Exception):
 
 def _excepthook(kind, value, tb):
     if issubclass(kind, UserError):
-        print(f"error: {value}", file=sys.stderr, flush=True)
+        # the real stderr: torch.distributed wraps this hook and buffers sys.stderr while it runs,
+        # and the exit below would skip printing that buffer
+        print(f"error: {value}", file=sys.__stderr__ or sys.stderr, flush=True)
         sys.exit(2)  # sys.exit inside the hook sets the interpreter's exit status
     sys.__excepthook__(kind, value, tb)
 

@@ -16,7 +16,7 @@ $ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=123.456.123
 """
 import time
 
-launch_time = time.time()  # for "N s since launch" in the log
+_launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
 
 import math
 import os
@@ -190,7 +190,7 @@ if meta_vocab_size and meta_vocab_size > vocab_size:
                            f"{vocab_size}: the data and the model use different tokenizers")
 train_path = check_split(data_dir, 'train', block_size, vocab_size, token_dtype, prepare_hint)
 val_path = check_split(data_dir, 'val', block_size, vocab_size, token_dtype, prepare_hint)
-train_loader = RandomWindows(train_path, batch_size, block_size, device, token_dtype, seed=seed + seed_offset)
+train_loader = RandomWindows(train_path, batch_size, block_size, device, token_dtype, seed=seed, rank=ddp_rank)
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -230,7 +230,7 @@ def estimate_loss():
     out = {}
     model.eval()
     for split, path in (('train', train_path), ('val', val_path)):
-        loader = RandomWindows(path, batch_size, block_size, device, token_dtype, seed=seed + 1000 + seed_offset)
+        loader = RandomWindows(path, batch_size, block_size, device, token_dtype, seed=seed, rank=ddp_rank, stream=1)
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
             X, Y = loader.next_batch()
@@ -300,7 +300,7 @@ while True:
         losses = estimate_loss()
         if master_process:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-                  f"{time.time() - launch_time:.1f}s since launch")
+                  f"{time.time() - _launch_time:.1f}s since launch")
             if wandb_log:
                 wandb.log({"iter": iter_num, "train/loss": losses['train'], "val/loss": losses['val'],
                            "lr": lr, "mfu": running_mfu * 100})

@@ -1,0 +1,216 @@
+"""
+End to end through the real command line: prepare shakespeare_char, train a tiny GPT on the CPU, sample
+from it, resume it, and sample from a checkpoint laid out the way nanoGPT writes them.
+"""
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# a model that learns shakespeare_char's bigrams in a few hundred CPU iterations (~10 s)
+TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=16, gradient_accumulation_steps=1,
+            learning_rate=2e-3, min_lr=1e-4, eval_interval=100, eval_iters=10, log_interval=10,
+            warmup_iters=20, lr_decay_iters=300, dropout=0.0, compile=False, device='cpu', dtype='float32')
+MAX_ITERS = 300
+STEP_RE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
+ITER_RE = re.compile(r"^iter (\d+): loss ([\d.]+)", re.M)
+SEPARATOR = "\n---------------\n"
+
+
+def flags(**kw):
+    return [f"--{k}={v}" for k, v in kw.items()]
+
+
+def run(script, *args, cwd=ROOT, timeout=120):
+    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"{script} {' '.join(map(str, args))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def train(data_dir, out_dir, **kw):
+    cfg = {**TINY, 'max_iters': MAX_ITERS, **kw}
+    return run("train.py", f"--data_dir={data_dir}", "--dataset=shakespeare_char", f"--out_dir={out_dir}",
+               *flags(**cfg))
+
+
+def steps(log):
+    return [(int(n), float(t), float(v)) for n, t, v in STEP_RE.findall(log)]
+
+
+def iters(log):
+    return [(int(n), float(loss)) for n, loss in ITER_RE.findall(log)]
+
+
+def load(out_dir):
+    return torch.load(os.path.join(out_dir, "ckpt.pt"), map_location="cpu", weights_only=True)
+
+
+def samples(stdout):
+    """The generated texts: what sample.py prints after its tokenizer line, between the separators."""
+    head, _, body = stdout.partition("\n")
+    while not head.startswith("tokenizer:"):
+        head, _, body = body.partition("\n")
+    assert body.endswith(SEPARATOR), body[-200:]
+    return body[:-len(SEPARATOR)].split(SEPARATOR)
+
+
+@pytest.fixture(scope="session")
+def char_data(shakespeare_text_path, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("shakespeare_char") / "data"
+    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", shakespeare_text_path,
+        "--out_dir", data_dir)
+    with open(data_dir / "meta.json", encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["vocab_size"] == 65
+    return data_dir, meta
+
+
+@pytest.fixture(scope="session")
+def trained(char_data, tmp_path_factory):
+    """A 300-iteration run: (out_dir, its log)."""
+    data_dir, _ = char_data
+    out_dir = tmp_path_factory.mktemp("run") / "out"
+    r = train(data_dir, out_dir)
+    return out_dir, r.stdout
+
+
+@pytest.fixture(scope="session")
+def resumed(char_data, trained, tmp_path_factory):
+    """The 300-iteration run, resumed (in a copy of its out_dir) up to 400: (out_dir, its log)."""
+    data_dir, _ = char_data
+    out_dir = tmp_path_factory.mktemp("resumed") / "out"
+    shutil.copytree(trained[0], out_dir)
+    r = train(data_dir, out_dir, init_from="resume", max_iters=MAX_ITERS + 100)
+    return out_dir, r.stdout
+
+
+@pytest.fixture(scope="session")
+def sampled(trained):
+    out_dir, _ = trained
+    return run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=2", "--max_new_tokens=100").stdout
+
+
+def test_training_lowers_the_loss(trained):
+    out_dir, log = trained
+    evals = steps(log)
+    assert [n for n, _, _ in evals] == [0, 100, 200, 300], log[-2000:]
+    first_val, last_val = evals[0][2], evals[-1][2]
+    assert abs(first_val - math.log(65)) < 0.2  # an untrained model guesses uniformly over 65 characters
+    assert last_val < 2.7, evals  # bigram statistics alone get well below ln 65 = 4.17
+    assert all(b[2] < a[2] for a, b in zip(evals, evals[1:])), evals
+    assert sorted(os.listdir(out_dir)) == ["ckpt.pt"]  # no temp files left by the atomic writes
+
+
+def test_checkpoint_is_nanogpt_layout(trained):
+    out_dir, log = trained
+    ckpt = load(out_dir)  # weights_only=True: plain data only
+    assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config"} <= set(ckpt)
+    assert ckpt["iter_num"] == MAX_ITERS
+    assert ckpt["best_val_loss"] == pytest.approx(min(v for _, _, v in steps(log)), abs=1e-4)
+    assert not [k for k in ckpt["model"] if k.startswith(("_orig_mod.", "module."))]
+    assert ckpt["model_args"] == dict(n_layer=2, n_head=2, n_embd=64, block_size=32, bias=False,
+                                      vocab_size=65, dropout=0.0)
+    given = {**TINY, "max_iters": MAX_ITERS, "dataset": "shakespeare_char", "out_dir": str(out_dir)}
+    assert {k: ckpt["config"][k] for k in given} == given
+    # the weights load strictly into the model the checkpoint describes
+    from model import GPT, GPTConfig
+    GPT(GPTConfig(**ckpt["model_args"])).load_state_dict(ckpt["model"], strict=True)
+    # AdamW counted one step per iteration for every parameter
+    opt_steps = {float(s["step"]) for s in ckpt["optimizer"]["state"].values()}
+    assert opt_steps == {float(MAX_ITERS)}
+
+
+def test_checkpoint_config_holds_only_settings(trained):
+    ckpt = load(trained[0])
+    # train.py's own module-level values (its launch time, say) are not settings
+    assert not {k for k in ckpt["config"] if "launch" in k}
+
+
+def test_sample_writes_the_datasets_characters(char_data, sampled):
+    _, meta = char_data
+    texts = samples(sampled)
+    assert len(texts) == 2
+    for text in texts:
+        assert len(text) == 1 + 100  # the prompt "\n" and 100 new characters
+        assert set(text) <= set(meta["itos"]), set(text) - set(meta["itos"])
+    assert texts[0] != texts[1]
+
+
+def test_resume_continues_where_it_stopped(trained, resumed):
+    _, log_before = trained
+    out_dir, log = resumed
+    assert "Resuming training from" in log
+    # no fresh start: the first evaluation is skipped (the checkpoint was saved right after it), and the
+    # first iteration is the checkpoint's
+    assert [n for n, _, _ in steps(log)] == [MAX_ITERS + 100], log[-2000:]
+    first_iter, first_loss = iters(log)[0]
+    assert first_iter == MAX_ITERS
+    last_loss_before = steps(log_before)[-1][1]  # train loss at the last evaluation before
+    assert abs(first_loss - last_loss_before) < 0.3, (first_loss, last_loss_before)
+    assert first_loss < math.log(65) - 1
+    ckpt = load(out_dir)
+    assert ckpt["iter_num"] == MAX_ITERS + 100
+    # the optimizer state was restored: its step counts go on from the checkpoint's (a fresh AdamW: 100)
+    opt_steps = {float(s["step"]) for s in ckpt["optimizer"]["state"].values()}
+    assert opt_steps == {float(MAX_ITERS + 100)}
+
+
+def test_resume_matches_an_uninterrupted_run(char_data, resumed, tmp_path):
+    # model, optimizer, learning-rate schedule and data order are all restored: stopping at 300 and
+    # resuming to 400 gives the same weights as one run to 400
+    data_dir, _ = char_data
+    train(data_dir, tmp_path / "out", max_iters=MAX_ITERS + 100)
+    straight, resumed_ckpt = load(tmp_path / "out"), load(resumed[0])
+    assert straight["model"].keys() == resumed_ckpt["model"].keys()
+    for k, v in straight["model"].items():
+        torch.testing.assert_close(resumed_ckpt["model"][k], v, rtol=0, atol=1e-6, msg=k)
+
+
+def test_nanogpt_checkpoint_samples(trained, sampled, tmp_path):
+    """A checkpoint as nanoGPT writes it: torch.compile's `_orig_mod.` prefixes, the causal-mask buffers of
+    its non-flash attention, a tensor best_val_loss, no dataset metadata inside; the characters are in
+    data/<dataset>/meta.pkl beside the scripts."""
+    ckpt = load(trained[0])
+    nano = {
+        "model": {f"_orig_mod.{k}": v for k, v in ckpt["model"].items()},
+        "optimizer": ckpt["optimizer"],
+        "model_args": ckpt["model_args"],
+        "iter_num": ckpt["iter_num"],
+        "best_val_loss": torch.tensor(ckpt["best_val_loss"]),
+        "config": {k: v for k, v in ckpt["config"].items() if k != "data_dir"} | {"dataset": "nano_char"},
+    }
+    T = ckpt["model_args"]["block_size"]
+    for i in range(ckpt["model_args"]["n_layer"]):
+        nano["model"][f"_orig_mod.transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+    # a copy of the scripts, so that data/nano_char/ is created beside them and not in the repository
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in os.listdir(ROOT):
+        if name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), repo / name)
+    (repo / "data" / "nano_char").mkdir(parents=True)
+    itos = ckpt["dataset_meta"]["itos"]
+    with open(repo / "data" / "nano_char" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(itos), "itos": dict(enumerate(itos)),
+                     "stoi": {c: i for i, c in enumerate(itos)}}, f)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    torch.save(nano, out_dir / "ckpt.pt")
+    r = run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=2", "--max_new_tokens=100",
+            cwd=repo)
+    assert "tokenizer: char (65 tokens)" in r.stdout
+    texts = samples(r.stdout)
+    assert all(set(t) <= set(itos) for t in texts)
+    # the same weights and seed give the same text as sampling from the original checkpoint
+    assert texts == samples(sampled)
