@@ -7,13 +7,17 @@ References:
 """
 import inspect
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hardware
+
+_SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -80,8 +84,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        mask, is_causal = None, True
+        mask, is_causal, kernels = None, True, nullcontext()
         if cache is not None:
+            # the key length changes every token, and cuDNN attention builds a new plan for each new shape
+            # (~2 ms of CPU per call on an H100, 40 ms per GPT-2 token), so generation leaves it out
+            kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
             k, v = cache.update(self.layer_idx, k, v)
             if cache.pos > 0:
                 # the new queries sit at positions pos..pos+T-1 and see every cached key up to their own;
@@ -91,7 +98,8 @@ class CausalSelfAttention(nn.Module):
                     mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(diagonal=cache.pos)
         # flash attention kernels where the device has them
         dropout = self.attn_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        with kernels:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
