@@ -10,6 +10,7 @@ import zipfile
 import torch
 
 from atomic import atomic_write
+from datafiles import read_meta
 from errors import UserError
 from model import GPT, GPTConfig
 
@@ -69,3 +70,31 @@ def model_from_checkpoint(ckpt, path="checkpoint"):
         first = str(e).replace("\n", " ").replace("\t", "")
         raise UserError(f"{path}: weights do not match the model its model_args describe: {first[:300]}")
     return model
+
+
+def load_model(init_from, out_dir):
+    """The model to sample or evaluate, and its dataset's metadata (None: GPT-2 BPE), from
+    init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder."""
+    if init_from == "resume":
+        path = os.path.join(out_dir, "ckpt.pt")
+        ckpt = load_checkpoint(path)
+        model = model_from_checkpoint(ckpt, path)
+        meta = ckpt.get("dataset_meta")
+        if meta is None and "dataset" in ckpt.get("config", {}):
+            # a nanoGPT checkpoint: the dataset's metadata is where nanoGPT keeps it
+            root = os.path.dirname(os.path.abspath(__file__))
+            meta = read_meta(os.path.join(root, "data", ckpt["config"]["dataset"]))
+        return model, meta
+    if init_from.startswith("gpt2") or os.path.isdir(init_from):
+        return pretrained_gpt2(init_from), None
+    raise UserError(f"unknown init_from '{init_from}': use resume, gpt2, gpt2-medium, gpt2-large, "
+                    f"gpt2-xl or a folder written by transformers' save_pretrained")
+
+
+def pretrained_gpt2(name, dropout=0.0):
+    """OpenAI's GPT-2 weights through transformers, with a clear error when they cannot be had."""
+    try:
+        return GPT.from_pretrained(name, dict(dropout=dropout))
+    except OSError as e:
+        raise UserError(f"could not load GPT-2 weights '{name}' (no network, or not a model name or "
+                        f"folder?): {str(e).splitlines()[0]}")

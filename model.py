@@ -171,8 +171,9 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None, cache=None):
-        """Logits and loss for a batch of token ids (B, T). Without targets, only the last position's
+    def forward(self, idx, targets=None, cache=None, reduction="mean"):
+        """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none'
+        gives the loss of every position (B, T), 0 where ignored. Without targets, only the last position's
         logits are computed (all that generation needs). With a KVCache, idx holds only the new positions."""
         b, t = idx.size()
         start = cache.pos if cache is not None else 0
@@ -187,7 +188,10 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                                   reduction=reduction)
+            if reduction == "none":
+                loss = loss.view(b, t)
         else:
             logits = self.lm_head(x[:, [-1], :])  # a list index keeps the time dimension
             loss = None

@@ -11,9 +11,7 @@ import torch
 import configurator
 import errors
 import hardware
-from checkpoint import load_checkpoint, model_from_checkpoint
-from datafiles import read_meta
-from model import GPT
+from checkpoint import load_model
 from tokenizer import get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -40,25 +38,7 @@ device_type = device.split(':')[0]
 ctx = hardware.autocast(device_type, hardware.resolve_dtype(dtype, device_type))
 
 # model, and the tokenizer of the data it was trained on
-if init_from == 'resume':
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    checkpoint = load_checkpoint(ckpt_path)
-    model = model_from_checkpoint(checkpoint, ckpt_path)
-    meta = checkpoint.get('dataset_meta')
-    if meta is None and 'dataset' in checkpoint.get('config', {}):
-        # a nanoGPT checkpoint: look for the dataset's metadata where nanoGPT keeps it
-        meta = read_meta(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', checkpoint['config']['dataset']))
-    checkpoint = None
-elif init_from.startswith('gpt2') or os.path.isdir(init_from):
-    try:
-        model = GPT.from_pretrained(init_from, dict(dropout=0.0))
-    except OSError as e:
-        raise errors.UserError(f"could not load GPT-2 weights '{init_from}' (no network, or not a model name "
-                               f"or folder?): {str(e).splitlines()[0]}")
-    meta = None
-else:
-    raise errors.UserError(f"unknown init_from '{init_from}': use resume, gpt2, gpt2-medium, gpt2-large, "
-                           f"gpt2-xl or a folder written by transformers' save_pretrained")
+model, meta = load_model(init_from, out_dir)
 tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
 print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
 

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 import errors
 import hardware
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, pretrained_gpt2, save_checkpoint
 from dataloader import RandomWindows, check_split
 from datafiles import read_meta
 from model import GPT, GPTConfig
@@ -169,11 +169,7 @@ elif init_from == 'resume':
     best_val_loss = float(checkpoint['best_val_loss'])
 else:
     print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
-    try:
-        model = GPT.from_pretrained(init_from, dict(dropout=dropout))
-    except OSError as e:
-        raise errors.UserError(f"could not load GPT-2 weights '{init_from}' (no network, or not a model name "
-                               f"or folder?): {str(e).splitlines()[0]}")
+    model = pretrained_gpt2(init_from, dropout)
     for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
         model_args[k] = getattr(model.config, k)
 # crop down the model block size if desired, using model surgery

@@ -124,3 +124,13 @@ def test_from_pretrained_matches_transformers(tmp_path):
         ours, _ = model(idx, idx)
         theirs = hf(idx).logits
     assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_per_position_losses():
+    model = tiny()
+    idx = torch.randint(0, 101, (2, 8))
+    targets = idx.clone()
+    targets[0, :3] = -1
+    losses, mean = model(idx, targets, reduction="none")[1], model(idx, targets)[1]
+    assert losses.shape == (2, 8) and (losses[0, :3] == 0).all()
+    torch.testing.assert_close(losses.sum() / (targets != -1).sum(), mean)
