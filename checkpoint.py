@@ -5,8 +5,11 @@ and is read with torch.load(weights_only=True), so a checkpoint can never run co
 """
 import os
 import pickle
+import random
+import shutil
 import zipfile
 
+import numpy as np
 import torch
 
 from atomic import atomic_write
@@ -33,6 +36,11 @@ def clean_state_dict(state_dict):
 def save_checkpoint(ckpt, path):
     """Write atomically; on failure (disk full, read-only folder) say so and keep the previous file.
     Returns whether the save succeeded."""
+    # temp files of saves that a crash or kill -9 cut short would otherwise pile up, each a whole checkpoint
+    folder, name = os.path.split(os.path.abspath(path))
+    for stale in os.listdir(folder):
+        if stale.startswith(name + ".") and stale.endswith(".tmp"):
+            os.remove(os.path.join(folder, stale))
     try:
         with atomic_write(path) as f:
             torch.save(ckpt, f)
@@ -98,3 +106,42 @@ def pretrained_gpt2(name, dropout=0.0):
     except OSError as e:
         raise UserError(f"could not load GPT-2 weights '{name}' (no network, or not a model name or "
                         f"folder?): {str(e).splitlines()[0]}")
+
+
+def rng_state():
+    """This process's random generators (python, numpy, torch CPU and CUDA) as tensors and plain types,
+    so the checkpoint stays loadable with weights_only=True."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state):
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def keep_numbered_copy(path, iter_num, keep):
+    """Besides ckpt.pt, keep the last `keep` checkpoints as ckpt-<iter>.pt (hard links: no extra disk)."""
+    folder = os.path.dirname(path)
+    copy = os.path.join(folder, f"ckpt-{iter_num:07d}.pt")
+    try:
+        if os.path.exists(copy):
+            os.remove(copy)
+        try:
+            os.link(path, copy)
+        except OSError:  # file systems without hard links
+            shutil.copyfile(path, copy)
+        copies = sorted(f for f in os.listdir(folder) if f.startswith("ckpt-") and f.endswith(".pt"))
+        for old in copies[:-keep]:
+            os.remove(os.path.join(folder, old))
+    except OSError as e:
+        print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")

@@ -29,10 +29,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 import errors
 import hardware
-from checkpoint import load_checkpoint, model_from_checkpoint, pretrained_gpt2, save_checkpoint
+from checkpoint import (keep_numbered_copy, load_checkpoint, model_from_checkpoint, pretrained_gpt2, rng_state,
+                        save_checkpoint, set_rng_state)
 from dataloader import RandomWindows, check_split
 from datafiles import read_meta
 from model import GPT, GPTConfig
+from preemption import StopRequest
+from trainlog import TrainLog
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
@@ -43,6 +46,7 @@ log_interval = 1
 eval_iters = 200
 eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
+keep_checkpoints = 0  # besides ckpt.pt, keep the last N checkpoints as ckpt-<iter>.pt (0: none)
 init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 folder)
 # wandb logging
 wandb_log = False
@@ -67,6 +71,7 @@ weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # clip gradients at this value, or disable if == 0.0
+max_nonfinite_steps = 10  # stop after this many updates in a row skipped for a NaN/inf loss or gradient
 # learning rate decay settings
 decay_lr = True  # whether to decay the learning rate
 warmup_iters = 2000  # how many steps to warm up for
@@ -193,12 +198,23 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 
 # optimizer
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+log = TrainLog(out_dir, enabled=master_process)
+elapsed_before = 0.0  # training time of earlier launches of this run, for the log's clock
+skipped_steps = 0  # updates skipped for a non-finite gradient, over the whole run
 if init_from == 'resume':
     optimizer.load_state_dict(checkpoint['optimizer'])
     if 'scaler' in checkpoint:
         scaler.load_state_dict(checkpoint['scaler'])
     if 'train_loader' in checkpoint:
         train_loader.load_state_dict(checkpoint['train_loader'])
+    log.resume_at(checkpoint.get('log_position', log.position()))
+    elapsed_before = checkpoint.get('elapsed', 0.0)
+    skipped_steps = checkpoint.get('skipped_steps', 0)
+    saved_rng = checkpoint.get('rng')
+    if saved_rng is not None and len(saved_rng) != ddp_world_size:
+        print(f"note: the checkpoint comes from {len(saved_rng)} processes, this run has {ddp_world_size}: "
+              f"random streams (dropout) start afresh")
+        saved_rng = None
 checkpoint = None  # free up memory
 
 # compile the model
@@ -253,20 +269,38 @@ def get_lr(it):
 
 
 def save():
-    checkpoint = {
-        'model': raw_model.state_dict(),
-        'optimizer': optimizer.state_dict(),
-        'model_args': model_args,
-        'iter_num': iter_num,
-        'best_val_loss': best_val_loss,
-        'config': config,
-        'scaler': scaler.state_dict(),
-        'train_loader': train_loader.state_dict(),
-        'dataset_meta': meta,
-    }
-    path = os.path.join(out_dir, 'ckpt.pt')
-    print(f"saving checkpoint to {path}")
-    save_checkpoint(checkpoint, path)
+    """Write out_dir/ckpt.pt: everything a resumed run needs to go on exactly as this one would.
+    Every rank calls this (each contributes its random state); rank 0 writes."""
+    rng = [rng_state()]
+    if ddp:
+        rng = [None] * ddp_world_size
+        dist.all_gather_object(rng, rng_state())
+    if master_process:
+        checkpoint = {
+            'model': raw_model.state_dict(),
+            'optimizer': optimizer.state_dict(),
+            'model_args': model_args,
+            'iter_num': iter_num,
+            'best_val_loss': best_val_loss,
+            'config': config,
+            'scaler': scaler.state_dict(),
+            'train_loader': train_loader.state_dict(),
+            'dataset_meta': meta,
+            'rng': rng,
+            'log_position': log.position(),
+            'elapsed': elapsed(),
+            'skipped_steps': skipped_steps,
+        }
+        path = os.path.join(out_dir, 'ckpt.pt')
+        print(f"saving checkpoint to {path}")
+        if save_checkpoint(checkpoint, path) and keep_checkpoints > 0:
+            keep_numbered_copy(path, iter_num, keep_checkpoints)
+    if ddp:
+        dist.barrier()  # nobody moves on (or exits) before the checkpoint is on disk
+
+
+def elapsed():
+    return elapsed_before + time.time() - _launch_time
 
 
 # logging
@@ -277,11 +311,15 @@ if wandb_log and master_process:
     wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 # training loop
+stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
+if init_from == 'resume' and saved_rng is not None:
+    set_rng_state(saved_rng[ddp_rank])  # dropout continues where the saved run left off
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
 local_iter_num = 0  # number of iterations in the lifetime of this process
 start_iter = iter_num
 running_mfu = -1.0
+nonfinite_in_a_row = 0
 while True:
 
     # determine and set the learning rate for this iteration
@@ -293,22 +331,25 @@ while True:
     # A resumed run skips its first evaluation: the checkpoint it came from was saved right after it.
     last_step = iter_num >= max_iters
     if (iter_num % eval_interval == 0 or last_step or eval_only) and not (iter_num == start_iter and init_from == 'resume' and not eval_only):
-        losses = estimate_loss()
+        losses = estimate_loss()  # the same numbers on every rank
         if master_process:
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
                   f"{time.time() - _launch_time:.1f}s since launch")
+            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
+                      train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
             if wandb_log:
                 wandb.log({"iter": iter_num, "train/loss": losses['train'], "val/loss": losses['val'],
                            "lr": lr, "mfu": running_mfu * 100})
-            if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
-                best_val_loss = min(best_val_loss, losses['val'])
-                if iter_num > 0:
-                    save()
+        if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
+            best_val_loss = min(best_val_loss, losses['val'])
+            if iter_num > 0:
+                save()
     if eval_only or last_step:
         break
 
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
+    loss_sum = 0.0
     for micro_step in range(gradient_accumulation_steps):
         if ddp:
             # in DDP training we only need to sync gradients at the last micro step.
@@ -318,16 +359,30 @@ while True:
         with ctx:
             logits, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
+        loss_sum += loss.detach()  # the step's mean loss, without a CPU-GPU sync
         # immediately async prefetch next batch while model is doing the forward pass on the GPU
         X, Y = train_loader.next_batch()
         # backward pass, with gradient scaling if training in fp16
         scaler.scale(loss).backward()
-    # clip the gradient
-    if grad_clip != 0.0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    # step the optimizer and scaler if training in fp16
-    scaler.step(optimizer)
+    # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')).item()
+    if math.isfinite(grad_norm):
+        nonfinite_in_a_row = 0
+        scaler.step(optimizer)  # fp16: skipped by the scaler itself when it found inf/nan
+    else:
+        # a NaN/inf loss or gradient: skip this update rather than poison the weights
+        skipped_steps += 1
+        nonfinite_in_a_row += 1
+        if dtype == 'float16':
+            scaler.step(optimizer)  # the scaler skips it, and lowers its scale below
+        if master_process:
+            print(f"iter {iter_num}: non-finite gradient norm, update skipped ({nonfinite_in_a_row} in a row)")
+        if nonfinite_in_a_row >= max_nonfinite_steps:
+            raise errors.UserError(
+                f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
+                f"(max_nonfinite_steps={max_nonfinite_steps}); the last good checkpoint is in {out_dir}. "
+                f"Try a lower learning_rate, dtype=bfloat16, or check the data")
     scaler.update()
     # flush the gradients as soon as we can, no need for this memory anymore
     optimizer.zero_grad(set_to_none=True)
@@ -337,9 +392,7 @@ while True:
     dt = t1 - t0
     t0 = t1
     if iter_num % log_interval == 0 and master_process:
-        # get loss as float. note: this is a CPU-GPU sync point
-        # scale up to undo the division above, approximating the true total loss (exact would have been a sum)
-        lossf = loss.item() * gradient_accumulation_steps
+        lossf = float(loss_sum)  # note: a CPU-GPU sync point
         if local_iter_num >= 5:  # let the training loop settle a bit
             mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)
             if mfu is not None:
@@ -347,8 +400,21 @@ while True:
         mfu_text = f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else ""
         print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
               f"tok/s {tokens_per_iter / dt:,.0f}{mfu_text}")
+        log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(),
+                  loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
+                  mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps)
     iter_num += 1
     local_iter_num += 1
+
+    # preemption: the step is done; checkpoint it and leave
+    if stop.requested(device):
+        save()
+        if master_process:
+            print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
+                  f"(and --out_dir={out_dir})")
+        if ddp:
+            dist.destroy_process_group()
+        sys.exit(stop.exit_code)
 
 if ddp:
     dist.destroy_process_group()

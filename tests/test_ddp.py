@@ -100,7 +100,7 @@ def test_ranks_end_with_identical_parameters(ddp_run):
 
 def test_only_rank_zero_writes(ddp_run):
     _, out_dir, r, _ = ddp_run
-    assert sorted(os.listdir(out_dir)) == ["ckpt.pt"]
+    assert sorted(os.listdir(out_dir)) == ["ckpt.pt", "log.jsonl"]
     out = r.stdout + r.stderr
     assert [int(n) for n in STEP_RE.findall(out)] == [0, 5, 10], out[-3000:]
     assert out.count("saving checkpoint") == 2  # at steps 5 and 10, by one rank

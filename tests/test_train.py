@@ -109,7 +109,7 @@ def test_training_lowers_the_loss(trained):
     assert abs(first_val - math.log(65)) < 0.2  # an untrained model guesses uniformly over 65 characters
     assert last_val < 2.7, evals  # bigram statistics alone get well below ln 65 = 4.17
     assert all(b[2] < a[2] for a, b in zip(evals, evals[1:])), evals
-    assert sorted(os.listdir(out_dir)) == ["ckpt.pt"]  # no temp files left by the atomic writes
+    assert sorted(os.listdir(out_dir)) == ["ckpt.pt", "log.jsonl"]  # no temp files left by the atomic writes
 
 
 def test_checkpoint_is_nanogpt_layout(trained):

@@ -1,0 +1,263 @@
+"""
+Never lose a run: exact resume (one process and DDP), preemption by signal, kill -9 during saves,
+failed saves, non-finite losses, and files that must not run code.
+"""
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from datafiles import read_meta  # noqa: E402
+from errors import UserError  # noqa: E402
+
+# dropout on, so resuming must restore the random state too, not just weights and optimizer
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
+            eval_interval=5, eval_iters=2, warmup_iters=3, lr_decay_iters=20, learning_rate=3e-3,
+            dropout=0.1, compile=False, device="cpu", dtype="float32", log_interval=1, dataset="tiny")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def flags(**kw):
+    return [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+
+
+def train(data_dir, out_dir, *args, ddp=False, check=True, timeout=240):
+    cmd = (TORCHRUN if ddp else [sys.executable]) + ["train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def log_rows(out_dir, kind="train"):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [row for row in map(json.loads, f) if row["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    ids = (np.arange(30000) + (rng.random(30000) < 0.2) * rng.integers(0, 16, 30000)) % 16
+    ids.astype(np.uint16)[:27000].tofile(d / "train.bin")
+    ids.astype(np.uint16)[27000:].tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmnop")}))
+    return d
+
+
+@pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp-gloo"])
+def test_resume_continues_exactly(data_dir, tmp_path, ddp):
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    train(data_dir, whole, *flags(max_iters=20), ddp=ddp)
+    train(data_dir, halves, *flags(max_iters=10), ddp=ddp)
+    train(data_dir, halves, *flags(max_iters=20, init_from="resume"), ddp=ddp)
+    a, b = log_rows(whole), log_rows(halves)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(20))  # the log has no repeats
+    # bitwise: the same batches, learning rates, dropout masks and optimizer state
+    assert [(r["loss"], r["lr"], r["grad_norm"]) for r in a] == [(r["loss"], r["lr"], r["grad_norm"]) for r in b]
+    wa = torch.load(whole / "ckpt.pt", weights_only=True)
+    wb = torch.load(halves / "ckpt.pt", weights_only=True)
+    assert wa["iter_num"] == wb["iter_num"] == 20
+    for k in wa["model"]:
+        assert torch.equal(wa["model"][k], wb["model"][k]), k
+    if ddp:
+        assert len(wa["rng"]) == 2  # each rank's random state is kept
+
+
+def test_resume_drops_log_rows_written_after_the_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train(data_dir, out, *flags(max_iters=10))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    with open(out / "log.jsonl", "a") as f:  # as if the run had gone on past its checkpoint, then crashed
+        f.write(json.dumps({"kind": "train", "step": 10, "loss": 9.9}) + "\n")
+    assert os.path.getsize(out / "log.jsonl") > ckpt["log_position"]
+    r = train(data_dir, out, *flags(max_iters=12, init_from="resume"))
+    assert "dropped 1 rows" in r.stdout
+    assert [row["step"] for row in log_rows(out)] == list(range(12))
+
+
+def wait_for_rows(out_dir, n, proc, timeout=120):
+    path = os.path.join(out_dir, "log.jsonl")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError("training did not log in time")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_path, sig):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}",
+                             *flags(max_iters=100000, eval_interval=100000)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(out, 6, proc)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stderr[-2000:]
+    assert "Traceback" not in stderr
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped at iteration")]
+    assert len(stopped) == 1 and "--init_from=resume" in stopped[0], stdout[-2000:]
+    n = int(stopped[0].split()[3].rstrip(";"))
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["iter_num"] == n and n >= 6  # no eval happened: the checkpoint is the signal's
+    r = train(data_dir, out, *flags(max_iters=n + 3, eval_interval=100000, init_from="resume"))
+    assert [row["step"] for row in log_rows(out)] == list(range(n + 3))
+    assert f"iter {n}: loss" in r.stdout
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom preemption import StopRequest\n"
+              "stop = StopRequest()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('first handled:', stop.requested())\n"
+              "sys.stdout.flush()\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nprint('not reached')\n" % ROOT)
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert time.time() - t0 < 20
+    assert r.returncode == 128 + signal.SIGTERM
+    assert "first handled: True" in r.stdout and "not reached" not in r.stdout
+    assert "exiting now, without a checkpoint" in r.stderr
+
+
+def test_kill_9_during_saves_never_breaks_the_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "out"
+    rnd = random.Random(0)
+    # a checkpoint every step, killed at random moments, again and again
+    args = flags(max_iters=100000, eval_interval=1, eval_iters=1)
+    for attempt in range(6):
+        resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
+        proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *args, *resume],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        before = sum(1 for _ in open(out / "log.jsonl")) if (out / "log.jsonl").exists() else 0
+        wait_for_rows(out, before + 4, proc)  # past a save or two (an eval row and a train row a step)
+        time.sleep(rnd.uniform(0.0, 1.0))
+        proc.kill()
+        proc.wait()
+        ckpt = load_checkpoint(str(out / "ckpt.pt"))  # always a whole, loadable file
+        assert ckpt["iter_num"] > 0
+    last = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
+    train(data_dir, out, *flags(max_iters=last + 2, eval_interval=1, eval_iters=1, init_from="resume"))
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == last + 2
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]  # leftovers of killed saves are cleaned
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    path = str(tmp_path / "ckpt.pt")
+    assert save_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}, "iter_num": 1}, path)
+
+    def disk_full(obj, f, *a, **k):
+        f.write(b"partial bytes")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", disk_full)
+    assert not save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}, "iter_num": 2}, path)
+    assert "No space left on device" in capsys.readouterr().out
+    monkeypatch.undo()
+    ckpt = load_checkpoint(path)
+    assert ckpt["iter_num"] == 1 and torch.equal(ckpt["model"]["w"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_keep_checkpoints(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train(data_dir, out, *flags(max_iters=20, keep_checkpoints=2))
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["ckpt-0000015.pt", "ckpt-0000020.pt", "ckpt.pt"]
+    assert load_checkpoint(str(out / "ckpt-0000015.pt"))["iter_num"] == 15
+
+
+NAN_WRAPPER = '''
+import runpy, sys
+sys.path.insert(0, {root!r})
+import model
+bad, calls, forward = {bad}, [0], model.GPT.forward
+def poisoned(self, idx, targets=None, **kw):
+    logits, loss = forward(self, idx, targets, **kw)
+    if targets is not None and self.training:
+        calls[0] += 1
+        if calls[0] in bad or -1 in bad:
+            loss = loss * float("nan")
+    return logits, loss
+model.GPT.forward = poisoned
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path({root!r} + "/train.py", run_name="__main__")
+'''
+
+
+def run_poisoned(data_dir, out, bad, *args, tmp_path):
+    wrapper = tmp_path / "poisoned_train.py"
+    wrapper.write_text(NAN_WRAPPER.format(root=ROOT, bad=bad))
+    return subprocess.run([sys.executable, str(wrapper), f"--data_dir={data_dir}", f"--out_dir={out}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def test_nonfinite_steps_are_skipped_and_counted(data_dir, tmp_path):
+    out = tmp_path / "out"
+    # forward calls 7 and 8 are micro-steps of iteration 3: that update alone is skipped
+    r = run_poisoned(data_dir, out, {7, 8}, *flags(max_iters=10), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "iter 3: non-finite gradient norm, update skipped (1 in a row)" in r.stdout
+    rows = log_rows(out)
+    assert rows[3]["grad_norm"] is None and rows[-1]["skipped_steps"] == 1
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert ckpt["skipped_steps"] == 1
+
+
+def test_nonfinite_run_stops_with_clear_message_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train(data_dir, out, *flags(max_iters=5))
+    r = run_poisoned(data_dir, out, {-1}, *flags(max_iters=30, init_from="resume", max_nonfinite_steps=3), tmp_path=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: stopping: 3 steps in a row had a non-finite loss or gradient"), r.stderr[-2000:]
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["iter_num"] == 5 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_checkpoint_whose_weights_do_not_fit_its_shape(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train(data_dir, out, *flags(max_iters=5))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    ckpt["model_args"]["n_embd"] = 64
+    torch.save(ckpt, out / "ckpt.pt")
+    for script in ("train.py", "sample.py"):
+        args = [f"--out_dir={out}", "--device=cpu"] + ([f"--data_dir={data_dir}", "--init_from=resume"] if script == "train.py" else [])
+        r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error:") and "ckpt.pt" in last and "do not match" in last, last
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_files_cannot_run_code(tmp_path):
+    marker = tmp_path / "pwned"
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 3, "itos": {0: "a"}, "x": _Exploit(marker)}, f)
+    with pytest.raises(UserError, match="meta.pkl"):
+        read_meta(str(tmp_path))
+    torch.save({"model": {}, "model_args": {}, "x": _Exploit(marker)}, tmp_path / "ckpt.pt")
+    with pytest.raises(UserError, match="ckpt.pt"):
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert not marker.exists()
+    # nanoGPT's own meta.pkl (plain data) still reads
+    with open(tmp_path / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 2, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}, f)
+    assert read_meta(str(tmp_path))["itos"] == ["a", "b"]
