@@ -4,10 +4,14 @@ The on-disk dataset format, shared by the prepare scripts (which write it) and t
     data/<dataset>/train.bin, val.bin   raw token ids, nanoGPT layout (uint16 unless meta says otherwise)
     data/<dataset>/meta.json            {"tokenizer": "gpt2" | "char", "vocab_size": int, "dtype": "uint16",
                                          "itos": [...] for "char": the character of each id}
+    data/<dataset>/*_val_000000.bin,    or token shards in llm.c's format (meta.json then says "format": "shards"):
+                   *_train_000001.bin   a header of 256 little-endian int32 - magic 20240520, version (1: uint16
+                   ...                  tokens, 2: uint32), token count - then the tokens
 
 nanoGPT's meta.pkl is still read, but only through an unpickler that accepts plain data and nothing that
 could run code.
 """
+import glob
 import io
 import json
 import os
@@ -86,3 +90,84 @@ def open_tokens(path, dtype="uint16"):
         raise UserError(f"{path} is {size} bytes, not a whole number of {dtype} tokens "
                         f"(truncated or not a {dtype} token file); re-run the dataset's prepare.py")
     return np.memmap(path, dtype=DTYPES[dtype], mode="r")
+
+
+# llm.c's shard format, so its tools (and build-nanogpt's loader, after skipping the header) read our shards
+SHARD_MAGIC = 20240520
+SHARD_HEADER_INTS = 256
+SHARD_VERSIONS = {1: "uint16", 2: "uint32"}
+
+
+def write_shard(path, tokens, dtype="uint16"):
+    """Write a token shard (header + tokens) atomically, after checking every id fits the storage dtype."""
+    tokens = np.asarray(tokens)
+    limit = np.iinfo(DTYPES[dtype]).max
+    if tokens.size and (tokens.min() < 0 or tokens.max() > limit):
+        raise ValueError(f"token id {tokens.max()} does not fit {dtype} (max {limit})")
+    if tokens.size >= 2**31:
+        raise ValueError(f"{tokens.size} tokens do not fit one shard (the header's count is an int32)")
+    header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
+    header[0] = SHARD_MAGIC
+    header[1] = {v: k for k, v in SHARD_VERSIONS.items()}[dtype]
+    header[2] = tokens.size
+    with atomic_write(path) as f:
+        f.write(header.tobytes())
+        f.write(np.ascontiguousarray(tokens, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).data)
+
+
+def open_shard(path):
+    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole."""
+    header_bytes = SHARD_HEADER_INTS * 4
+    size = os.path.getsize(path)
+    if size < header_bytes:
+        raise UserError(f"{path} is not a token shard: {size} bytes, shorter than the {header_bytes}-byte header")
+    header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)
+    if header[0] != SHARD_MAGIC:
+        raise UserError(f"{path} is not a token shard: bad magic {header[0]} (expected {SHARD_MAGIC})")
+    version, count = int(header[1]), int(header[2])
+    if version not in SHARD_VERSIONS:
+        raise UserError(f"{path}: unknown shard version {version} (known: 1 for uint16 tokens, 2 for uint32)")
+    dtype = np.dtype(DTYPES[SHARD_VERSIONS[version]]).newbyteorder("<")
+    if size != header_bytes + count * dtype.itemsize:
+        held = (size - header_bytes) // dtype.itemsize
+        problem = "truncated" if held < count else "corrupt (longer than its header says)"
+        raise UserError(f"{path} is {problem}: header says {count} tokens, file holds {held}; "
+                        f"re-run the dataset's prepare.py")
+    if count == 0:
+        return np.zeros(0, dtype=dtype)  # np.memmap cannot map zero bytes
+    return np.memmap(path, dtype=dtype, mode="r", offset=header_bytes, shape=(count,))
+
+
+def list_shards(data_dir, split):
+    """The split's shard files in data_dir (`*_{split}_*.bin`), in name order - their order in the data."""
+    return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+
+
+# how each kind of local file is read by `datasets`
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+def load_local_documents(path, num_proc=1):
+    """The documents of local files for a prepare script's --local, as a datasets.Dataset (in file order):
+    rows of jsonl/json/parquet files, a whole .txt file as one document, a folder of one kind of those files,
+    or a datasets.save_to_disk folder (its 'train' split, or its only one)."""
+    import datasets  # heavy, and only the prepare scripts need it
+
+    if not os.path.exists(path):
+        raise UserError(f"--local path {path} does not exist")
+    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+        ds = datasets.load_from_disk(path)
+        if isinstance(ds, datasets.DatasetDict):
+            if "train" not in ds and len(ds) != 1:
+                raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        return ds
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1] in LOCAL_BUILDERS)
+    kinds = {LOCAL_BUILDERS.get(os.path.splitext(f)[1]) for f in files}
+    if not files or None in kinds or len(kinds) > 1:
+        raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files "
+                        f"or a save_to_disk folder")
+    kind = kinds.pop()
+    extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
+    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)), **extra)

@@ -5,13 +5,18 @@ RandomWindows is nanoGPT's sampler: each batch is batch_size windows of block_si
 offsets. The offsets of batch n on a rank come from a random generator seeded with (seed, stream, rank, n),
 so the sampler's whole state is the number of batches drawn: the same on every rank, a plain int in the
 checkpoint, and a resumed run draws exactly the batches an uninterrupted one would have.
+
+SequentialShards is build-nanogpt's loader over token shards (datafiles.open_shard): it walks the shards in
+order, each step taking the next batch_size*block_size*world_size tokens, rank r the r-th slice of them, so
+over an epoch every token is read once by one rank. Its state is a position (shard, offset, epoch), also the
+same on every rank.
 """
 import os
 
 import numpy as np
 import torch
 
-from datafiles import open_tokens
+from datafiles import open_shard, open_tokens
 from errors import UserError
 
 
@@ -61,3 +66,53 @@ class RandomWindows:
 
     def load_state_dict(self, state):
         self.batches = state["batches"]
+
+
+class SequentialShards:
+
+    def __init__(self, paths, batch_size, block_size, device, rank=0, world_size=1):
+        if not paths:
+            raise UserError("no token shards given: prepare the dataset first (e.g. `python data/fineweb/prepare.py`)")
+        self.paths, self.batch_size, self.block_size = list(paths), batch_size, block_size
+        self.device, self.rank, self.world_size = torch.device(device), rank, world_size
+        self.step = batch_size * block_size * world_size  # tokens all ranks consume together per batch
+        for path in self.paths:
+            # every rank must find its window (block_size+1 tokens per row) in every shard
+            n = len(open_shard(path))
+            if n < self.step + 1:
+                raise UserError(f"{path} has {n} tokens, too few for one batch on all ranks (batch_size*block_size*"
+                                f"world_size+1 = {self.step + 1}): lower batch_size or block_size, or remove the shard")
+        self.shard, self.offset, self.epoch = 0, 0, 0  # where the next batch is drawn from (if it fits)
+        self.drawn = None  # (shard, offset, epoch) of the latest batch returned; None before the first
+
+    def next_batch(self):
+        # re-create the memmap every batch: a long-lived one keeps growing the process's memory
+        data = open_shard(self.paths[self.shard])
+        if self.offset + self.step + 1 > len(data):  # the window does not fit for every rank: next shard
+            self.shard, self.offset = self.shard + 1, 0
+            if self.shard == len(self.paths):
+                self.shard, self.epoch = 0, self.epoch + 1
+            data = open_shard(self.paths[self.shard])
+        self.drawn = (self.shard, self.offset, self.epoch)
+        B, T = self.batch_size, self.block_size
+        start = self.offset + self.rank * B * T
+        buf = torch.from_numpy(data[start:start + B * T + 1].astype(np.int64))
+        self.offset += self.step
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        if self.device.type == "cuda":
+            # pinned host memory lets the copy run asynchronously, overlapping the current step
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self):
+        # The position that draws the latest batch again: the training loop always holds one batch it has
+        # fetched but not yet used, and a resumed run must start with that batch.
+        shard, offset, epoch = self.drawn or (self.shard, self.offset, self.epoch)
+        return {"shard": shard, "offset": offset, "epoch": epoch}
+
+    def load_state_dict(self, state):
+        if not 0 <= state["shard"] < len(self.paths):
+            raise UserError(f"the checkpoint's data position is in shard {state['shard']}, but there are only "
+                            f"{len(self.paths)} shards: the dataset is not the one the run was trained on")
+        self.shard, self.offset, self.epoch = state["shard"], state["offset"], state["epoch"]
+        self.drawn = None

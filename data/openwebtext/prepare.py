@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 import errors
-from datafiles import write_meta
+from datafiles import load_local_documents, write_meta
 from errors import UserError
 from tokenizer import gpt2_encoding
 
@@ -42,29 +42,8 @@ import numpy as np
 from tqdm import tqdm
 import datasets
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-
-
-def load_local(path):
-    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
-        ds = datasets.load_from_disk(path)
-        if isinstance(ds, datasets.DatasetDict):
-            if "train" not in ds and len(ds) != 1:
-                raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
-            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-        return ds
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1] in BUILDERS)
-    kinds = {BUILDERS.get(os.path.splitext(f)[1]) for f in files}
-    if not files or None in kinds or len(kinds) > 1:
-        raise UserError(f"--local {path}: expected one kind of {'/'.join(BUILDERS)} files or a save_to_disk folder")
-    kind = kinds.pop()
-    extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
-    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(args.num_proc, len(files)), **extra)
-
-
 if args.local is not None:
-    dataset = load_local(args.local)
+    dataset = load_local_documents(args.local, args.num_proc)
 else:
     try:
         # takes 54GB in the huggingface .cache dir, about 8M documents (8,013,769)

@@ -1,0 +1,155 @@
+"""
+Prepare FineWeb-Edu (or any text dataset) as token shards for GPT-2 training, the build-nanogpt / llm.c way:
+GPT-2 BPE tokens, each document PRECEDED by <|endoftext|> (50256), cut into shards of --shard_size tokens
+in llm.c's format (datafiles.write_shard). The first shard is val, the rest train:
+
+    fineweb_val_000000.bin, fineweb_train_000001.bin, fineweb_train_000002.bin, ...   plus meta.json
+
+    python data/fineweb/prepare.py                                    # HuggingFaceFW/fineweb-edu, sample-10BT
+    python data/fineweb/prepare.py --subset sample-100BT
+    python data/fineweb/prepare.py --dataset HuggingFaceFW/fineweb --subset sample-10BT
+    python data/fineweb/prepare.py --local docs.jsonl                 # or local jsonl/json/parquet/txt files,
+    python data/fineweb/prepare.py --local some/folder                # a folder of them, or a save_to_disk folder
+
+A document that does not fit the current shard continues in the next; only the last shard may be shorter.
+Re-running keeps every shard whose file already holds exactly the tokens it would write (it re-tokenizes,
+but does not rewrite them), so an interrupted run can simply be started again.
+"""
+import argparse
+import multiprocessing
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+import errors
+from datafiles import load_local_documents, open_shard, read_meta, write_meta, write_shard
+from errors import UserError
+from tokenizer import gpt2_encoding
+
+
+def tokenize(text):
+    # runs in the pool's workers; gpt2_encoding() is cached per process
+    enc = gpt2_encoding()
+    ids = np.array([enc.eot_token] + enc.encode_ordinary(text))  # the eot token delimits all documents
+    if ids.min() < 0 or ids.max() >= 2**16:
+        raise ValueError(f"token id {ids.max()} does not fit uint16")
+    return ids.astype(np.uint16)
+
+
+def documents(dataset, column):
+    # a batch at a time: much faster than one row at a time, and never the whole column in memory
+    for batch in dataset.select_columns([column]).iter(batch_size=1024):
+        yield from batch[column]
+
+
+def shard_path(out_dir, index):
+    split = "val" if index == 0 else "train"
+    return os.path.join(out_dir, f"fineweb_{split}_{index:06d}.bin")
+
+
+def holds(path, tokens):
+    """Whether the shard at path is complete and holds exactly these tokens (then it need not be rewritten)."""
+    if not os.path.exists(path):
+        return False
+    try:
+        old = open_shard(path)
+    except UserError:  # truncated or foreign: rewrite it
+        return False
+    return len(old) == len(tokens) and np.array_equal(old, tokens)
+
+
+def save(path, tokens):
+    kept = holds(path, tokens)
+    if not kept:
+        write_shard(path, tokens, "uint16")  # atomic: a temporary name, renamed when complete
+    print(f"{os.path.basename(path)}: {len(tokens):,} tokens ({'unchanged' if kept else 'written'})")
+
+
+def main():
+    errors.install()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="HuggingFaceFW/fineweb-edu", help="HF hub dataset id (its 'train' split)")
+    parser.add_argument("--subset", default="sample-10BT", help="the hub dataset's subset (config name)")
+    parser.add_argument("--local", help="local file or folder to read instead of the hub")
+    parser.add_argument("--text_column", default="text")
+    parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard")
+    parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                        help="worker processes for loading and tokenizing (a good number is about half your cores)")
+    args = parser.parse_args()
+    if args.num_proc < 1:
+        raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
+    if not 1 <= args.shard_size < 2**31:
+        raise UserError(f"--shard_size must be between 1 and 2**31-1 tokens, got {args.shard_size}")
+    if args.local is not None and not os.path.exists(args.local):
+        raise UserError(f"--local path {args.local} does not exist")
+    gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
+
+    # heavy imports after the argument checks, so mistakes are reported at once
+    from tqdm import tqdm
+    import datasets
+
+    if args.local is not None:
+        dataset = load_local_documents(args.local, args.num_proc)
+    else:
+        try:
+            # sample-10BT: about 10B tokens, about 100 shards; the parquet files go to the huggingface cache
+            dataset = datasets.load_dataset(args.dataset, name=args.subset, split="train", num_proc=args.num_proc)
+        except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
+            raise UserError(f"could not load dataset {args.dataset!r} (subset {args.subset!r}) from the HF hub "
+                            f"({' '.join(str(e).split())}); pass --local with local files instead")
+    if args.text_column not in dataset.column_names:
+        raise UserError(f"the dataset has no column {args.text_column!r} (columns: {dataset.column_names}); "
+                        f"pick one with --text_column")
+
+    # fill one shard-sized buffer after another; a document that overflows one continues in the next
+    os.makedirs(args.out_dir, exist_ok=True)
+    buf = np.empty(args.shard_size, dtype=np.uint16)
+    index, filled, total, bar = 0, 0, 0, None
+    with multiprocessing.Pool(args.num_proc) as pool:
+        for ids in pool.imap(tokenize, documents(dataset, args.text_column), chunksize=16):
+            while len(ids):
+                if bar is None:  # disable=None: no bar when stderr is not a terminal
+                    bar = tqdm(total=args.shard_size, unit="tokens", desc=f"shard {index}", disable=None)
+                take = min(len(ids), args.shard_size - filled)
+                buf[filled:filled + take] = ids[:take]
+                filled, total, ids = filled + take, total + take, ids[take:]
+                bar.update(take)
+                if filled == args.shard_size:
+                    bar.close()
+                    save(shard_path(args.out_dir, index), buf)
+                    index, filled, bar = index + 1, 0, None
+    if filled:  # the last shard, shorter
+        bar.close()
+        save(shard_path(args.out_dir, index), buf[:filled])
+        index += 1
+    if index == 0:
+        raise UserError("the dataset has no documents")
+    if index == 1:
+        raise UserError(f"the dataset has only {total:,} tokens, all in the val shard and none left for training; "
+                        f"lower --shard_size")
+
+    # shards past the last one are from an earlier run with other settings: the loader would read them as data
+    stale = index
+    while os.path.exists(shard_path(args.out_dir, stale)):
+        os.remove(shard_path(args.out_dir, stale))
+        print(f"removed {os.path.basename(shard_path(args.out_dir, stale))}, left over from an earlier run")
+        stale += 1
+
+    # meta.json last: its presence says the shards are complete
+    enc = gpt2_encoding()
+    meta = {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token, "format": "shards"}
+    try:
+        old = read_meta(args.out_dir)
+    except UserError:  # unreadable: replace it
+        old = None
+    if old != meta:  # an unchanged file is left alone, so a re-run changes nothing
+        write_meta(args.out_dir, meta)
+    print(f"{index} shards in {args.out_dir}: 1 val, {index - 1} train")
+
+
+# the guard matters: multiprocessing's spawn start method (macOS, Windows) re-imports this file in every worker
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from datafiles import list_shards, open_shard, read_meta
+from errors import UserError
+from tokenizer import gpt2_encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARD = 2000
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def prepare(src, out, cache, *extra):
+    return run(os.path.join("data", "fineweb", "prepare.py"), "--local", src, "--out_dir", out,
+               "--shard_size", SHARD, "--num_proc", 2, *extra, env={"HF_DATASETS_CACHE": str(cache)})
+
+
+def snapshot(folder):
+    return {name: (os.stat(folder / name).st_mtime_ns, (folder / name).read_bytes()) for name in os.listdir(folder)}
+
+
+def shard_names(folder):
+    return sorted(name for name in os.listdir(folder) if name.endswith(".bin"))
+
+
+@pytest.fixture(scope="module")
+def docs():
+    rng = random.Random(0)
+    words = ["the", "cat", "sat", "on", "mat", "héllo", "日本", "🙂", "\n", "  ", "'s", "42", "<|endoftext|>"]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 400))) for _ in range(40)]
+    docs[3] = ""  # an empty document is just its end-of-text token
+    docs[20] = " ".join(rng.choice(words) for _ in range(3000))  # longer than two shards
+    return docs
+
+
+@pytest.fixture(scope="module")
+def prepared(docs, gpt2_ranks_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fineweb")
+    src = tmp / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    out = tmp / "out"
+    r = prepare(src, out, tmp / "hf_cache")
+    assert r.returncode == 0, r.stderr
+    return src, out, tmp / "hf_cache"
+
+
+def expected_tokens(docs):
+    enc = gpt2_encoding()
+    # each document PRECEDED by <|endoftext|>; a literal "<|endoftext|>" in the text is ordinary text
+    return [[50256] + enc.encode_ordinary(d) for d in docs]
+
+
+def test_shards_hold_the_documents_in_order(docs, prepared):
+    _, out, _ = prepared
+    want = np.concatenate([np.array(t) for t in expected_tokens(docs)])
+    n = -(-len(want) // SHARD)
+    assert n >= 5
+    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, n)]
+    assert sorted(os.listdir(out)) == sorted(names + ["meta.json"])  # no .tmp files left behind
+    assert [os.path.basename(p) for p in list_shards(str(out), "val") + list_shards(str(out), "train")] == names
+    shards = [open_shard(out / name) for name in names]
+    assert all(s.dtype == np.uint16 for s in shards)
+    assert [len(s) for s in shards] == [SHARD] * (n - 1) + [len(want) - SHARD * (n - 1)]
+    assert np.array_equal(shards[0], want[:SHARD])  # the val shard is the first shard_size tokens
+    assert np.array_equal(np.concatenate(shards), want)
+    assert json.loads((out / "meta.json").read_text()) == {
+        "tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256, "format": "shards"}
+    assert read_meta(str(out))["format"] == "shards"
+
+
+def test_document_across_a_shard_boundary_is_intact(docs, prepared):
+    _, out, _ = prepared
+    shards = [open_shard(p) for p in list_shards(str(out), "val") + list_shards(str(out), "train")]
+    start, straddlers = 0, 0
+    for ids in expected_tokens(docs):
+        end = start + len(ids)
+        first, last = start // SHARD, (end - 1) // SHARD
+        if first != last:  # starts in one shard, ends in a later one
+            straddlers += 1
+            pieces = [shards[first][start - first * SHARD:]] + [shards[i] for i in range(first + 1, last)]
+            pieces.append(shards[last][:end - last * SHARD])
+            assert np.concatenate(pieces).tolist() == ids
+            assert all(len(p) for p in pieces)
+        start = end
+    assert straddlers >= 3
+
+
+def test_rerun_rewrites_nothing_and_repairs_a_truncated_shard(prepared):
+    src, out, cache = prepared
+    before = snapshot(out)
+    r = prepare(src, out, cache)
+    assert r.returncode == 0, r.stderr
+    assert "written" not in r.stdout and "unchanged" in r.stdout
+    assert snapshot(out) == before  # same bytes, same mtimes
+    # a truncated shard (an interrupted copy, say) is rewritten; the complete ones are left alone
+    damaged = out / "fineweb_train_000002.bin"
+    damaged.write_bytes(damaged.read_bytes()[:-100])
+    r = prepare(src, out, cache)
+    assert r.returncode == 0, r.stderr
+    after = snapshot(out)
+    assert {name: data for name, (_, data) in after.items()} == {name: data for name, (_, data) in before.items()}
+    assert [name for name in after if after[name][0] != before[name][0]] == [damaged.name]
+
+
+def test_stale_shards_of_an_earlier_run_are_removed(docs, prepared, tmp_path):
+    src, out, cache = prepared
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    r = prepare(src, copy, cache, "--shard_size", 5000)  # the later flag wins: fewer, larger shards
+    assert r.returncode == 0, r.stderr
+    want = sum(expected_tokens(docs), [])
+    names = shard_names(copy)
+    assert len(names) == -(-len(want) // 5000) < len(shard_names(out)) and "removed" in r.stdout
+    shards = [open_shard(p) for p in list_shards(str(copy), "val") + list_shards(str(copy), "train")]
+    assert np.concatenate(shards).tolist() == want
+
+
+def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
+    _, out, _ = prepared
+    truncated = tmp_path / "fineweb_train_000001.bin"
+    truncated.write_bytes((out / truncated.name).read_bytes()[:-3])
+    with pytest.raises(UserError, match=f"{truncated}.* truncated: header says {SHARD} tokens, file holds {SHARD - 2}"):
+        open_shard(truncated)
+    foreign = tmp_path / "foreign_train_000001.bin"
+    foreign.write_bytes(np.random.default_rng(0).bytes(5000))
+    with pytest.raises(UserError, match=f"{foreign} is not a token shard: bad magic"):
+        open_shard(foreign)
+    script = "import sys, errors, datafiles; errors.install(); datafiles.open_shard(sys.argv[1])"
+    for path, words in [(truncated, "truncated"), (foreign, "not a token shard")]:
+        r = run("-c", script, path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
+
+
+def test_user_mistakes_are_one_line(gpt2_ranks_path, tmp_path):
+    cases = [("--local", tmp_path / "no_such_file.jsonl"), ("--shard_size", 0), ("--num_proc", 0)]
+    for flag, value in cases:
+        r = run(os.path.join("data", "fineweb", "prepare.py"), flag, value, "--out_dir", tmp_path / "out")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and flag in lines[0], r.stderr
+    # the hub cannot be reached here (HF_HUB_OFFLINE=1): the message points at --local
+    r = run(os.path.join("data", "fineweb", "prepare.py"), "--out_dir", tmp_path / "out",
+            env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf_cache")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fineweb-edu" in lines[0] and "--local" in lines[0], r.stderr
+    # a dataset too small for a train shard
+    src = tmp_path / "tiny.txt"
+    src.write_text("just a few words", encoding="utf-8")
+    r = prepare(src, tmp_path / "out", tmp_path / "hf_cache")
+    assert r.returncode == 2 and "lower --shard_size" in r.stderr.strip().splitlines()[-1], r.stderr

@@ -1,0 +1,169 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dataloader import SequentialShards
+from datafiles import list_shards, open_shard, write_shard
+from errors import UserError
+
+B, T, W = 2, 8, 2  # batch_size, block_size, world_size: one step is B*T*W = 32 tokens
+LENGTHS = [1000, 1337, 33, 517]  # 33 is exactly one step plus the extra target token
+
+
+def make_shards(folder, lengths=LENGTHS):
+    # token values are global positions (uint32 holds them all), so every token says where it came from
+    paths, start = [], 0
+    for i, n in enumerate(lengths):
+        path = os.path.join(folder, f"synthetic_{'val' if i == 0 else 'train'}_{i:06d}.bin")
+        write_shard(path, np.arange(start, start + n), "uint32")
+        paths.append(path)
+        start += n
+    return paths
+
+
+def loaders(paths, world_size=W):
+    return [SequentialShards(paths, B, T, "cpu", rank=r, world_size=world_size) for r in range(world_size)]
+
+
+def steps_per_epoch(lengths=LENGTHS):
+    return sum((n - 1) // (B * T * W) for n in lengths)
+
+
+def test_shard_format_is_llmc(tmp_path):
+    path = tmp_path / "x_train_000001.bin"
+    write_shard(path, [5, 6, 65535])
+    raw = path.read_bytes()
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    assert list(header[:3]) == [20240520, 1, 3] and not header[3:].any()
+    assert np.frombuffer(raw[1024:], dtype="<u2").tolist() == [5, 6, 65535]
+    assert open_shard(path).tolist() == [5, 6, 65535]
+    write_shard(path, [70000], "uint32")
+    assert np.frombuffer(path.read_bytes()[:12], dtype="<i4").tolist() == [20240520, 2, 1]
+    assert open_shard(path).dtype == np.uint32 and open_shard(path).tolist() == [70000]
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        write_shard(path, [65536])
+    assert open_shard(path).tolist() == [70000]  # the failed write left the old file alone
+    write_shard(path, [])
+    assert len(open_shard(path)) == 0
+    assert sorted(os.listdir(tmp_path)) == ["x_train_000001.bin"]  # no temporary files left
+
+
+def test_shard_errors(tmp_path):
+    path = tmp_path / "s_train_000001.bin"
+    write_shard(path, np.arange(100))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(UserError, match=r"s_train_000001.bin is truncated: header says 100 tokens, file holds 95"):
+        open_shard(path)
+    write_shard(path, np.arange(100))
+    path.write_bytes(path.read_bytes() + b"xx")
+    with pytest.raises(UserError, match="corrupt"):
+        open_shard(path)
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 7, 0]
+    path.write_bytes(header.tobytes())
+    with pytest.raises(UserError, match="unknown shard version 7"):
+        open_shard(path)
+    path.write_bytes(b"hello")
+    with pytest.raises(UserError, match="not a token shard"):
+        open_shard(path)
+
+
+def test_list_shards(tmp_path):
+    for name in ["f_train_000002.bin", "f_train_000001.bin", "f_val_000000.bin", "f_train_000003.bin.x.tmp",
+                 "train.bin", "meta.json"]:
+        (tmp_path / name).write_bytes(b"")
+    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "train")] == ["f_train_000001.bin",
+                                                                                  "f_train_000002.bin"]
+    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "val")] == ["f_val_000000.bin"]
+    assert list_shards(str(tmp_path / "missing"), "train") == []
+
+
+def test_two_ranks_read_every_window_once_per_epoch(tmp_path):
+    paths = make_shards(tmp_path)
+    ranks = loaders(paths)
+    starts = set()
+    seen = np.zeros(sum(LENGTHS), dtype=int)  # how often each token was an input
+    for _ in range(steps_per_epoch()):
+        for loader in ranks:
+            x, y = loader.next_batch()
+            assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
+            assert torch.equal(y, x + 1)  # targets are the inputs shifted by one, within one shard
+            flat = x.flatten()
+            assert torch.equal(flat, torch.arange(flat[0], flat[0] + B * T))  # one contiguous window
+            assert int(flat[0]) not in starts  # no window is read twice, by the same rank or another
+            starts.add(int(flat[0]))
+            seen[flat.numpy()] += 1
+            assert loader.epoch == 0
+    # every token but each shard's tail (smaller than one step) was read exactly once
+    begin = 0
+    for n in LENGTHS:
+        used = (n - 1) // (B * T * W) * B * T * W
+        assert (seen[begin:begin + used] == 1).all() and (seen[begin + used:begin + n] == 0).all()
+        begin += n
+    # the next batch starts the second epoch from the first shard again
+    for r, loader in enumerate(ranks):
+        x, _ = loader.next_batch()
+        assert loader.epoch == 1 and int(x[0, 0]) == r * B * T
+
+
+def test_epoch_counter_wraps_repeatedly(tmp_path):
+    (loader,) = loaders(make_shards(tmp_path), world_size=1)
+    per_epoch = sum((n - 1) // (B * T) for n in LENGTHS)
+    first = [loader.next_batch()[0] for _ in range(per_epoch)]
+    for epoch in (1, 2):
+        again = [loader.next_batch()[0] for _ in range(per_epoch)]
+        assert loader.epoch == epoch
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 31, 32, 72, 73, 74, 89, 90, 91])
+def test_resume_starts_with_the_pending_batch(tmp_path, k):
+    # an epoch is 89 steps (31 in shard 0, 41 in shard 1, 1 in shard 2, 16 in shard 3): k covers the shard
+    # boundaries, the one-step shard and the epoch wrap
+    assert steps_per_epoch() == 89
+    paths = make_shards(tmp_path)
+    original = loaders(paths)
+    for _ in range(k):
+        pending = [loader.next_batch() for loader in original]  # the training loop's prefetched batch
+    states = [loader.state_dict() for loader in original]
+    assert all(s == states[0] for s in states)  # the same position on every rank: rank 0's checkpoint serves all
+    resumed = loaders(paths)
+    for loader in resumed:
+        loader.load_state_dict(states[0])
+        assert loader.state_dict() == states[0]
+    want = ([pending] if k else []) + [[loader.next_batch() for loader in original] for _ in range(60)]
+    got = [[loader.next_batch() for loader in resumed] for _ in range(len(want))]
+    for w, g in zip(want, got):
+        for (wx, wy), (gx, gy) in zip(w, g):
+            assert torch.equal(wx, gx) and torch.equal(wy, gy)
+    assert [loader.epoch for loader in resumed] == [loader.epoch for loader in original]
+
+
+def test_state_before_first_batch(tmp_path):
+    (loader,) = loaders(make_shards(tmp_path), world_size=1)
+    assert loader.state_dict() == {"shard": 0, "offset": 0, "epoch": 0}
+    loader.next_batch()
+    assert loader.state_dict() == {"shard": 0, "offset": 0, "epoch": 0}
+    loader.next_batch()
+    assert loader.state_dict() == {"shard": 0, "offset": B * T, "epoch": 0}
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(UserError, match="no token shards"):
+        SequentialShards([], B, T, "cpu")
+    paths = make_shards(tmp_path, [100, 32])
+    with pytest.raises(UserError, match=r"_000001.bin has 32 tokens, too few for one batch.* 33"):
+        loaders(paths)
+    (loader,) = loaders(paths[:1], world_size=1)
+    with pytest.raises(UserError, match="shard 3, but there are only 1 shards"):
+        loader.load_state_dict({"shard": 3, "offset": 0, "epoch": 0})
+
+
+def test_uint16_shards(tmp_path):
+    path = str(tmp_path / "u_train_000001.bin")
+    write_shard(path, np.arange(1000) % 65536)
+    loader = SequentialShards([path], B, T, "cpu")
+    x, y = loader.next_batch()
+    assert x.dtype == torch.int64 and x.flatten().tolist() == list(range(B * T))
