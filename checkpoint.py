@@ -7,10 +7,12 @@ import os
 import pickle
 import random
 import shutil
+import tempfile
 import zipfile
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from atomic import atomic_write
 from datafiles import read_meta
@@ -48,6 +50,33 @@ def save_checkpoint(ckpt, path):
     except OSError as e:
         print(f"error: could not save checkpoint to {path} ({e.strerror or e}); the previous checkpoint is kept")
         return False
+
+
+def check_out_dir(out_dir):
+    """Fail before training, not at the first save, when checkpoints cannot be written."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another --out_dir")
+
+
+def save_training_checkpoint(out_dir, state, keep=0):
+    """Every rank calls this: each adds its random state under 'rng'; rank 0 writes out_dir/ckpt.pt
+    (and keeps a numbered copy when keep > 0); nobody moves on, or exits, before it is on disk."""
+    ddp = dist.is_available() and dist.is_initialized()
+    rng = [rng_state()]
+    if ddp:
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, rng_state())
+    if not ddp or dist.get_rank() == 0:
+        path = os.path.join(out_dir, "ckpt.pt")
+        print(f"saving checkpoint to {path}")
+        if save_checkpoint({**state, "rng": rng}, path) and keep > 0:
+            keep_numbered_copy(path, state["iter_num"], keep)
+    if ddp:
+        dist.barrier()
 
 
 def load_checkpoint(path):

@@ -16,7 +16,7 @@ import os
 import numpy as np
 import torch
 
-from datafiles import open_shard, open_tokens
+from datafiles import list_shards, open_shard, open_tokens
 from errors import UserError
 
 
@@ -29,19 +29,35 @@ def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
     if len(data) < block_size + 1:
         raise UserError(f"{path} has {len(data)} tokens, too few for block_size={block_size} "
                         f"(need at least {block_size + 1}): lower block_size or use more data")
-    # ids past the model's vocabulary would index out of the embedding (a cryptic device-side assert on GPU)
-    chunk = 1 << 26
-    top = max(int(data[i:i + chunk].max()) for i in range(0, len(data), chunk))
-    if top >= vocab_size:
-        raise UserError(f"{path} holds token id {top}, beyond the model's vocab_size {vocab_size}: "
-                        f"the data was prepared with a different tokenizer; re-run `{prepare_hint}`")
+    # ids past the model's vocabulary would index out of the embedding (a cryptic device-side assert on GPU).
+    # Scan files up to 100M tokens whole (a fraction of a second); the loaders check every batch anyway.
+    if len(data) <= 100_000_000:
+        check_ids(data, vocab_size, path)
     return path
+
+
+def check_ids(tokens, vocab_size, path):
+    top = int(tokens.max())
+    if vocab_size is not None and top >= vocab_size:
+        raise UserError(f"{path} holds token id {top}, beyond the model's vocab_size {vocab_size}: the data was "
+                        f"prepared with another tokenizer (or is damaged); prepare it again")
+
+
+def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dtype="uint16", seed=0, rank=0,
+                world_size=1, stream=0, prepare_hint="the dataset's prepare.py"):
+    """The batches of one split: in order over the shards of a sharded dataset (each token once per epoch),
+    random windows of train.bin / val.bin otherwise. The files are checked first."""
+    shards = list_shards(data_dir, split)
+    if shards:
+        return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
+    path = check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint)
+    return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size)
 
 
 class RandomWindows:
 
-    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0):
-        self.path, self.batch_size, self.block_size = path, batch_size, block_size
+    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None):
+        self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
         self.device, self.dtype = torch.device(device), dtype
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
         self.batches = 0  # batches drawn so far
@@ -52,8 +68,9 @@ class RandomWindows:
         rng = np.random.default_rng([self.seed, self.stream, self.rank, self.batches])
         self.batches += 1
         ix = rng.integers(0, len(data) - self.block_size, size=self.batch_size).tolist()
-        x = torch.from_numpy(np.stack([data[i:i + self.block_size].astype(np.int64) for i in ix]))
-        y = torch.from_numpy(np.stack([data[i + 1:i + 1 + self.block_size].astype(np.int64) for i in ix]))
+        xy = np.stack([data[i:i + self.block_size + 1].astype(np.int64) for i in ix])
+        check_ids(xy, self.vocab_size, self.path)
+        x, y = torch.from_numpy(np.ascontiguousarray(xy[:, :-1])), torch.from_numpy(np.ascontiguousarray(xy[:, 1:]))
         if self.device.type == "cuda":
             # pinned host memory lets the copy run asynchronously, overlapping the current step
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
@@ -70,11 +87,12 @@ class RandomWindows:
 
 class SequentialShards:
 
-    def __init__(self, paths, batch_size, block_size, device, rank=0, world_size=1):
+    def __init__(self, paths, batch_size, block_size, device, rank=0, world_size=1, vocab_size=None):
         if not paths:
             raise UserError("no token shards given: prepare the dataset first (e.g. `python data/fineweb/prepare.py`)")
         self.paths, self.batch_size, self.block_size = list(paths), batch_size, block_size
         self.device, self.rank, self.world_size = torch.device(device), rank, world_size
+        self.vocab_size = vocab_size
         self.step = batch_size * block_size * world_size  # tokens all ranks consume together per batch
         for path in self.paths:
             # every rank must find its window (block_size+1 tokens per row) in every shard
@@ -96,7 +114,9 @@ class SequentialShards:
         self.drawn = (self.shard, self.offset, self.epoch)
         B, T = self.batch_size, self.block_size
         start = self.offset + self.rank * B * T
-        buf = torch.from_numpy(data[start:start + B * T + 1].astype(np.int64))
+        buf = data[start:start + B * T + 1].astype(np.int64)
+        check_ids(buf, self.vocab_size, self.paths[self.shard])
+        buf = torch.from_numpy(buf)
         self.offset += self.step
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
         if self.device.type == "cuda":

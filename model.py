@@ -266,8 +266,10 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None):
-        """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding.
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
+                 vocab_limit=None):
+        """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
+        vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is padded.
         With the KV cache each new token costs one position; once a sequence outgrows block_size it is
         cropped to the last block_size tokens, exactly as without the cache."""
         cache = None
@@ -282,7 +284,7 @@ class GPT(nn.Module):
                 if use_cache and idx.size(1) < self.config.block_size:
                     cache = KVCache(self.config.n_layer, self.config.block_size)
             logits, _ = self(idx_cond, cache=cache)
-            logits = logits[:, -1, :]
+            logits = logits[:, -1, :vocab_limit]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:

@@ -63,6 +63,7 @@ x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 with torch.no_grad():
     with ctx:
         for k in range(num_samples):
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None)
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                               vocab_limit=tokenizer.vocab_size)
             print(tokenizer.decode(y[0].tolist()))
             print('---------------')

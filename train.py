@@ -7,12 +7,7 @@ $ python train.py config/train_shakespeare_char.py --batch_size=32 --compile=Fal
 DDP on one node with 8 GPUs:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 
-DDP on 2 nodes with 8 GPUs each (see README, "Multi-node"):
-- first (master) node, with IP 123.456.123.456:
-$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123.456 --master_port=1234 train.py
-- worker node:
-$ torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 --master_addr=123.456.123.456 --master_port=1234 train.py
-(If your cluster has no Infiniband interconnect prepend NCCL_IB_DISABLE=1)
+On several nodes: see README.md, "Multi-node".
 """
 import time
 
@@ -29,12 +24,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import configurator
 import errors
 import hardware
-from checkpoint import (keep_numbered_copy, load_checkpoint, model_from_checkpoint, pretrained_gpt2, rng_state,
-                        save_checkpoint, set_rng_state)
-from dataloader import RandomWindows, check_split
+from checkpoint import (check_out_dir, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
+                        save_training_checkpoint, set_rng_state)
+from dataloader import make_loader
 from datafiles import read_meta
 from model import GPT, GPTConfig
 from preemption import StopRequest
+from tokenizer import get_tokenizer
 from trainlog import TrainLog
 
 # -----------------------------------------------------------------------------
@@ -46,7 +42,15 @@ log_interval = 1
 eval_iters = 200
 eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
+checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end
 keep_checkpoints = 0  # besides ckpt.pt, keep the last N checkpoints as ckpt-<iter>.pt (0: none)
+# in-training HellaSwag and samples (master process), each every N steps and at the end; 0 turns them off
+hellaswag_interval = 0
+hellaswag_path = ''  # hellaswag_val.jsonl or its folder; '' downloads it to ~/.cache/nanogpt/hellaswag
+sample_interval = 0
+num_samples_train = 4
+sample_prompt = "Hello, I'm a language model,"
+sample_max_tokens = 32
 init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 folder)
 # wandb logging
 wandb_log = False
@@ -129,12 +133,7 @@ dtype = hardware.resolve_dtype(dtype, device_type)
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        open(os.path.join(out_dir, '.write_test'), 'w').close()
-        os.remove(os.path.join(out_dir, '.write_test'))
-    except OSError as e:
-        raise errors.UserError(f"out_dir {out_dir} is not writable ({e.strerror}): choose another --out_dir")
+    check_out_dir(out_dir)
 torch.manual_seed(seed + seed_offset)
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
 ctx = hardware.autocast(device_type, dtype)
@@ -159,8 +158,10 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
                   bias=bias, vocab_size=None, dropout=dropout)  # start with model_args from command line
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
-    # default to GPT-2's vocab_size of 50304 (50257 rounded up for efficiency) when the data has no metadata
-    model_args['vocab_size'] = meta_vocab_size if meta_vocab_size is not None else 50304
+    # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
+    # no metadata; BPE vocabularies are rounded up likewise, character vocabularies kept as they are
+    model_args['vocab_size'] = (50304 if meta is None else meta_vocab_size if meta['tokenizer'] == 'char'
+                                else -(-meta_vocab_size // 64) * 64)
     model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
@@ -189,9 +190,28 @@ vocab_size = model.config.vocab_size
 if meta_vocab_size and meta_vocab_size > vocab_size:
     raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
                            f"{vocab_size}: the data and the model use different tokenizers")
-train_path = check_split(data_dir, 'train', block_size, vocab_size, token_dtype, prepare_hint)
-val_path = check_split(data_dir, 'val', block_size, vocab_size, token_dtype, prepare_hint)
-train_loader = RandomWindows(train_path, batch_size, block_size, device, token_dtype, seed=seed, rank=ddp_rank)
+
+
+def loader(split, stream):
+    """Sequential over shards, or random windows of train.bin/val.bin; checks the files first."""
+    return make_loader(data_dir, split, batch_size, block_size, device, vocab_size, token_dtype, seed, ddp_rank,
+                       ddp_world_size, stream, prepare_hint)
+
+
+train_loader = loader('train', stream=0)
+loader('val', stream=1)  # check the val split now, not at the first evaluation
+
+# what in-training evaluation needs, loaded before any training so a problem shows up at once
+tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None
+if sample_interval:
+    sample_ids = tokenizer.encode(sample_prompt)
+if hellaswag_interval:
+    import hellaswag
+    if ddp and not master_process:
+        dist.barrier()  # rank 0 downloads the file first
+    hellaswag_examples = hellaswag.load_examples(hellaswag_path or None)
+    if ddp and master_process:
+        dist.barrier()
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -210,7 +230,7 @@ if init_from == 'resume':
     log.resume_at(checkpoint.get('log_position', log.position()))
     elapsed_before = checkpoint.get('elapsed', 0.0)
     skipped_steps = checkpoint.get('skipped_steps', 0)
-    saved_rng = checkpoint.get('rng')
+    saved_rng = checkpoint.get('rng')  # one per rank, restored just before the loop
     if saved_rng is not None and len(saved_rng) != ddp_world_size:
         print(f"note: the checkpoint comes from {len(saved_rng)} processes, this run has {ddp_world_size}: "
               f"random streams (dropout) start afresh")
@@ -220,6 +240,8 @@ checkpoint = None  # free up memory
 # compile the model
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 model = hardware.maybe_compile(model, compile, device_type)
+
+eval_model = model  # HellaSwag calls the compiled model directly (its batches need no gradient sync)
 
 # wrap model into DDP container
 if ddp:
@@ -241,11 +263,11 @@ def estimate_loss():
     (a fixed seed), so successive values compare the model, not the luck of the draw."""
     out = {}
     model.eval()
-    for split, path in (('train', train_path), ('val', val_path)):
-        loader = RandomWindows(path, batch_size, block_size, device, token_dtype, seed=seed, rank=ddp_rank, stream=1)
+    for split in ('train', 'val'):
+        batches = loader(split, stream=1)
         losses = torch.zeros(eval_iters, device=device)
         for k in range(eval_iters):
-            X, Y = loader.next_batch()
+            X, Y = batches.next_batch()
             with ctx:
                 _, loss = model(X, Y)
             losses[k] = loss
@@ -269,38 +291,40 @@ def get_lr(it):
 
 
 def save():
-    """Write out_dir/ckpt.pt: everything a resumed run needs to go on exactly as this one would.
-    Every rank calls this (each contributes its random state); rank 0 writes."""
-    rng = [rng_state()]
-    if ddp:
-        rng = [None] * ddp_world_size
-        dist.all_gather_object(rng, rng_state())
-    if master_process:
-        checkpoint = {
-            'model': raw_model.state_dict(),
-            'optimizer': optimizer.state_dict(),
-            'model_args': model_args,
-            'iter_num': iter_num,
-            'best_val_loss': best_val_loss,
-            'config': config,
-            'scaler': scaler.state_dict(),
-            'train_loader': train_loader.state_dict(),
-            'dataset_meta': meta,
-            'rng': rng,
-            'log_position': log.position(),
-            'elapsed': elapsed(),
-            'skipped_steps': skipped_steps,
-        }
-        path = os.path.join(out_dir, 'ckpt.pt')
-        print(f"saving checkpoint to {path}")
-        if save_checkpoint(checkpoint, path) and keep_checkpoints > 0:
-            keep_numbered_copy(path, iter_num, keep_checkpoints)
-    if ddp:
-        dist.barrier()  # nobody moves on (or exits) before the checkpoint is on disk
+    """out_dir/ckpt.pt: everything a resumed run needs to go on exactly as this one would."""
+    save_training_checkpoint(out_dir, {
+        'model': raw_model.state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'model_args': model_args,
+        'iter_num': iter_num,
+        'best_val_loss': best_val_loss,
+        'config': config,
+        'scaler': scaler.state_dict(),
+        'train_loader': train_loader.state_dict(),
+        'dataset_meta': meta,
+        'log_position': log.position(),
+        'elapsed': elapsed(),
+        'skipped_steps': skipped_steps,
+    }, keep_checkpoints)  # plus 'rng': every rank's random state
 
 
 def elapsed():
     return elapsed_before + time.time() - _launch_time
+
+
+def print_samples():
+    """A few continuations of sample_prompt, drawn from a generator of their own, so sampling never
+    changes the training's random stream."""
+    generator = torch.Generator(device=device).manual_seed(seed + iter_num)
+    raw_model.eval()
+    with torch.no_grad(), ctx:
+        out = raw_model.generate(torch.tensor([sample_ids] * num_samples_train, device=device), sample_max_tokens,
+                                 top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
+    raw_model.train()
+    texts = [tokenizer.decode(row) for row in out.tolist()]
+    for text in texts:
+        print(f"sample {iter_num}: {text!r}")
+    log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
 
 
 # logging
@@ -327,23 +351,35 @@ while True:
     for param_group in optimizer.param_groups:
         param_group['lr'] = lr
 
-    # evaluate the loss on train/val sets and write checkpoints; at the end too, so the last model counts.
-    # A resumed run skips its first evaluation: the checkpoint it came from was saved right after it.
+    # evaluate the loss on train/val sets (and HellaSwag) and write checkpoints; at the end too, so the last
+    # model counts. A resumed run skips its first evaluation: the checkpoint it came from was saved right after it.
     last_step = iter_num >= max_iters
-    if (iter_num % eval_interval == 0 or last_step or eval_only) and not (iter_num == start_iter and init_from == 'resume' and not eval_only):
-        losses = estimate_loss()  # the same numbers on every rank
+    fresh = not (iter_num == start_iter and init_from == 'resume') or eval_only
+    due = lambda interval: interval and fresh and (iter_num % interval == 0 or last_step or eval_only)
+    if due(eval_interval) or due(hellaswag_interval):
+        row = {}
+        if due(eval_interval):
+            losses = estimate_loss()  # the same numbers on every rank
+            row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
+        if due(hellaswag_interval):
+            hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, ddp_rank, ddp_world_size)
+            row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
         if master_process:
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-                  f"{time.time() - _launch_time:.1f}s since launch")
-            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
-                      train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
+            print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
+                  + f", {time.time() - _launch_time:.1f}s since launch")
+            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), **row)
             if wandb_log:
-                wandb.log({"iter": iter_num, "train/loss": losses['train'], "val/loss": losses['val'],
-                           "lr": lr, "mfu": running_mfu * 100})
-        if (losses['val'] < best_val_loss or always_save_checkpoint) and not eval_only:
-            best_val_loss = min(best_val_loss, losses['val'])
-            if iter_num > 0:
+                wandb.log({"iter": iter_num, "lr": lr, "mfu": running_mfu * 100,
+                           **{k.replace('_loss', '/loss'): v for k, v in row.items()}})
+        if 'val_loss' in row and not eval_only:
+            improved = row['val_loss'] < best_val_loss
+            best_val_loss = min(best_val_loss, row['val_loss'])
+            if checkpoint_interval == 0 and (improved or always_save_checkpoint) and iter_num > 0:
                 save()
+    if checkpoint_interval and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
+        save()
+    if due(sample_interval) and master_process:
+        print_samples()
     if eval_only or last_step:
         break
 
