@@ -62,14 +62,20 @@ def check_out_dir(out_dir):
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another --out_dir")
 
 
+def gather_rng_states():
+    """Every rank's random state, in rank order (every rank must call this)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [rng_state()]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
 def save_training_checkpoint(out_dir, state, keep=0):
     """Every rank calls this: each adds its random state under 'rng'; rank 0 writes out_dir/ckpt.pt
     (and keeps a numbered copy when keep > 0); nobody moves on, or exits, before it is on disk."""
     ddp = dist.is_available() and dist.is_initialized()
-    rng = [rng_state()]
-    if ddp:
-        rng = [None] * dist.get_world_size()
-        dist.all_gather_object(rng, rng_state())
+    rng = gather_rng_states()
     if not ddp or dist.get_rank() == 0:
         path = os.path.join(out_dir, "ckpt.pt")
         print(f"saving checkpoint to {path}")

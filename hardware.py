@@ -88,13 +88,17 @@ def compile_problem(device_type):
     return None
 
 
-def maybe_compile(model, compile, device_type, **options):
-    """torch.compile the model (or function) unless it cannot work here; then say so and run eagerly."""
-    if not compile:
-        return model
-    problem = compile_problem(device_type)
+def can_compile(compile, device_type):
+    """Whether to torch.compile: asked for, and able to work here (else say why not)."""
+    problem = compile and compile_problem(device_type)
     if problem:
         print(f"compile: off ({problem})")
+    return bool(compile and not problem)
+
+
+def maybe_compile(model, compile, device_type, **options):
+    """torch.compile the model (or function) unless it cannot work here; then say so and run eagerly."""
+    if not can_compile(compile, device_type):
         return model
     print("compiling the model... (takes a ~minute)")
     return torch.compile(model, **options)

@@ -232,7 +232,7 @@ class GPT(nn.Module):
                 sd[k].copy_(v)
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, fused=True):
         # every weight matrix and embedding decays; biases and norm gains do not
         params = [p for p in self.parameters() if p.requires_grad]
         decay_params = [p for p in params if p.dim() >= 2]
@@ -244,7 +244,7 @@ class GPT(nn.Module):
         print(f"num decayed parameter tensors: {len(decay_params)}, with {sum(p.numel() for p in decay_params):,} parameters")
         print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {sum(p.numel() for p in nodecay_params):,} parameters")
         # the fused kernel is much faster where it exists
-        use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
+        use_fused = fused and "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
         optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
         print(f"using fused AdamW: {use_fused}")
         return optimizer

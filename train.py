@@ -16,15 +16,16 @@ _launch_time = time.time()  # for "N s since launch" in the log (private: not a 
 import math
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import configurator
 import errors
 import hardware
-from checkpoint import (check_out_dir, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
+import parallel
+from checkpoint import (check_out_dir, gather_rng_states, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
                         save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
 from datafiles import read_meta
@@ -44,6 +45,8 @@ eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
 checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end
 keep_checkpoints = 0  # besides ckpt.pt, keep the last N checkpoints as ckpt-<iter>.pt (0: none)
+ckpt_every_tokens = 0  # N: also keep ckpt-tok<tokens>-val<val loss>.pt each time N more tokens are seen (0: off)
+keep_last = 0  # of those, keep only the last N (0: all)
 # in-training HellaSwag and samples (master process), each every N steps and at the end; 0 turns them off
 hellaswag_interval = 0
 hellaswag_path = ''  # hellaswag_val.jsonl or its folder; '' downloads it to ~/.cache/nanogpt/hellaswag
@@ -68,9 +71,15 @@ n_head = 12
 n_embd = 768
 dropout = 0.0  # for pretraining 0 is good, for finetuning try 0.1+
 bias = False  # do we use bias inside LayerNorm and Linear layers?
+family = 'gpt2'  # 'gpt2' (learned positions, LayerNorm, GELU) or 'llama' (rotary positions, RMSNorm, SwiGLU)
+n_kv_head = 0  # key/value heads: fewer than n_head is grouped-query attention (0: n_head)
+mlp_hidden = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
+rope_theta = 10000.0  # llama: base of the rotary embeddings' frequencies
+tie_embeddings = True  # share the token embedding with the output projection (GPT-2 does, LLaMA does not)
 # adamw optimizer
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
+max_tokens = 0  # or a token budget: when set, max_iters = ceil(max_tokens / tokens per iteration)
 weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
@@ -80,9 +89,15 @@ max_nonfinite_steps = 10  # stop after this many updates in a row skipped for a 
 decay_lr = True  # whether to decay the learning rate
 warmup_iters = 2000  # how many steps to warm up for
 lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
+warmup_tokens = 0  # or warm up and decay over this many tokens (0: the iteration settings; with max_tokens
+lr_decay_tokens = 0  # and neither decay setting given, the decay ends at max_tokens)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 # DDP settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
+parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
+fsdp_reduce_fp32 = True  # fsdp: reduce gradients in float32 (else in the run's dtype)
+activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
+dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
@@ -115,7 +130,8 @@ if ddp:
     if device_type == 'cuda':
         device = f'cuda:{ddp_local_rank}'
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend or ('nccl' if device_type == 'cuda' else 'gloo'))
+    dist.init_process_group(backend=backend or ('nccl' if device_type == 'cuda' else 'gloo'),
+                            timeout=timedelta(minutes=dist_timeout_minutes))
     master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
     seed_offset = ddp_rank  # each process gets a different seed
     # world_size number of processes will be training simultaneously, so we can scale
@@ -162,15 +178,23 @@ if init_from == 'scratch':
     # no metadata; BPE vocabularies are rounded up likewise, character vocabularies kept as they are
     model_args['vocab_size'] = (50304 if meta is None else meta_vocab_size if meta['tokenizer'] == 'char'
                                 else -(-meta_vocab_size // 64) * 64)
-    model = GPT(GPTConfig(**model_args))
+    with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank (FSDP has no broadcast)
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    # fsdp runs save sharded checkpoints (every rank its part); the rest a single ckpt.pt
+    sharded = parallel.sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
+    ckpt_path = sharded or os.path.join(out_dir, 'ckpt.pt')
     print(f"Resuming training from {ckpt_path}")
-    checkpoint = load_checkpoint(ckpt_path)
+    if not sharded and parallel.sharded_checkpoint(out_dir) and not os.path.exists(ckpt_path):
+        raise errors.UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
+                               f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
+    checkpoint = parallel.load_train_state(sharded) if sharded else load_checkpoint(ckpt_path)
     # the shape of the model comes from the checkpoint; the rest (dropout) can still be set
     for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
         model_args[k] = checkpoint['model_args'][k]
-    model = model_from_checkpoint({**checkpoint, 'model_args': model_args}, ckpt_path)
+    # a sharded checkpoint's weights are loaded once the model is sharded too, below
+    model = GPT(GPTConfig(**model_args)) if sharded else model_from_checkpoint({**checkpoint, 'model_args': model_args}, ckpt_path)
     iter_num = checkpoint['iter_num']
     best_val_loss = float(checkpoint['best_val_loss'])
 else:
@@ -206,6 +230,9 @@ tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else 
 if sample_interval:
     sample_ids = tokenizer.encode(sample_prompt)
 if hellaswag_interval:
+    if parallelism == 'fsdp':
+        raise errors.UserError("hellaswag_interval does not work with parallelism=fsdp yet (ranks would run "
+                               "different numbers of forward passes): evaluate checkpoints with hellaswag.py")
     import hellaswag
     if ddp and not master_process:
         dist.barrier()  # rank 0 downloads the file first
@@ -216,13 +243,29 @@ if hellaswag_interval:
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 
-# optimizer
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+# compile the model, and spread it over the processes: DDP or FSDP2
+raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
+if activation_checkpointing:
+    parallel.checkpoint_activations(raw_model)
+model = parallel.wrap(model, parallelism, device_type, ddp_local_rank if ddp else 0, dtype,
+                      fsdp_reduce_fp32, hardware.can_compile(compile, device_type))
+eval_model = parallel.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
+
+# optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
+                                           fused=parallelism != 'fsdp')
+if init_from == 'resume' and sharded:
+    parallel.load_sharded(sharded, model, optimizer)
+
+# the rest of the training state, and the log
 log = TrainLog(out_dir, enabled=master_process)
 elapsed_before = 0.0  # training time of earlier launches of this run, for the log's clock
 skipped_steps = 0  # updates skipped for a non-finite gradient, over the whole run
 if init_from == 'resume':
-    optimizer.load_state_dict(checkpoint['optimizer'])
+    if 'optimizer' in checkpoint and not (parallelism == 'fsdp' and not sharded):
+        optimizer.load_state_dict(checkpoint['optimizer'])
+    elif parallelism == 'fsdp' and not sharded:
+        print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
     if 'scaler' in checkpoint:
         scaler.load_state_dict(checkpoint['scaler'])
     if 'train_loader' in checkpoint:
@@ -236,16 +279,6 @@ if init_from == 'resume':
               f"random streams (dropout) start afresh")
         saved_rng = None
 checkpoint = None  # free up memory
-
-# compile the model
-raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
-model = hardware.maybe_compile(model, compile, device_type)
-
-eval_model = model  # HellaSwag calls the compiled model directly (its batches need no gradient sync)
-
-# wrap model into DDP container
-if ddp:
-    model = DDP(model, device_ids=[ddp_local_rank] if device_type == 'cuda' else None)
 
 
 def all_ranks_mean(value):
@@ -291,10 +324,9 @@ def get_lr(it):
 
 
 def save():
-    """out_dir/ckpt.pt: everything a resumed run needs to go on exactly as this one would."""
-    save_training_checkpoint(out_dir, {
-        'model': raw_model.state_dict(),
-        'optimizer': optimizer.state_dict(),
+    """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
+    exactly as this one would."""
+    state = {
         'model_args': model_args,
         'iter_num': iter_num,
         'best_val_loss': best_val_loss,
@@ -305,7 +337,12 @@ def save():
         'log_position': log.position(),
         'elapsed': elapsed(),
         'skipped_steps': skipped_steps,
-    }, keep_checkpoints)  # plus 'rng': every rank's random state
+    }
+    if parallelism == 'fsdp' and ddp:
+        parallel.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+    else:  # save_training_checkpoint adds 'rng': every rank's random state
+        save_training_checkpoint(out_dir, {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                                           **state}, keep_checkpoints)
 
 
 def elapsed():
@@ -314,7 +351,8 @@ def elapsed():
 
 def print_samples():
     """A few continuations of sample_prompt, drawn from a generator of their own, so sampling never
-    changes the training's random stream."""
+    changes the training's random stream. The master alone samples, except under fsdp, where every rank
+    must take part in each forward pass (they draw the same tokens)."""
     generator = torch.Generator(device=device).manual_seed(seed + iter_num)
     raw_model.eval()
     with torch.no_grad(), ctx:
@@ -322,7 +360,7 @@ def print_samples():
                                  top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
     raw_model.train()
     texts = [tokenizer.decode(row) for row in out.tolist()]
-    for text in texts:
+    for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
     log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
 
@@ -378,7 +416,7 @@ while True:
                 save()
     if checkpoint_interval and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
         save()
-    if due(sample_interval) and master_process:
+    if due(sample_interval) and (master_process or parallelism == 'fsdp'):
         print_samples()
     if eval_only or last_step:
         break
@@ -387,11 +425,8 @@ while True:
     # and using the GradScaler if data type is float16
     loss_sum = 0.0
     for micro_step in range(gradient_accumulation_steps):
-        if ddp:
-            # in DDP training we only need to sync gradients at the last micro step.
-            # the official way to do this is with model.no_sync() context manager, but
-            # that bloats the code and forces us to repeat code; this flag does the same
-            model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
+        # DDP needs to sync gradients only at the last micro step (FSDP reduces every micro step)
+        parallel.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
         with ctx:
             logits, loss = model(X, Y)
             loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
@@ -402,7 +437,7 @@ while True:
         scaler.scale(loss).backward()
     # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
     scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')).item()
+    grad_norm = parallel.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
     if math.isfinite(grad_norm):
         nonfinite_in_a_row = 0
         scaler.step(optimizer)  # fp16: skipped by the scaler itself when it found inf/nan
@@ -427,8 +462,9 @@ while True:
     t1 = time.time()
     dt = t1 - t0
     t0 = t1
+    # the loss of the whole batch, every rank's micro-steps (a CPU-GPU sync point, so only when logging)
+    lossf = all_ranks_mean(float(loss_sum)) if iter_num % log_interval == 0 else None
     if iter_num % log_interval == 0 and master_process:
-        lossf = float(loss_sum)  # note: a CPU-GPU sync point
         if local_iter_num >= 5:  # let the training loop settle a bit
             mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)
             if mfu is not None:

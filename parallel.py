@@ -1,0 +1,117 @@
+"""
+How the model is spread over the processes torchrun starts, and the checkpoints each way needs.
+
+- 'ddp': every GPU holds the whole model; gradients are all-reduced, overlapped with the backward pass
+  (DistributedDataParallel), and only on the last micro-step of gradient accumulation.
+- 'fsdp': FSDP2 (torch.distributed.fsdp.fully_shard) shards parameters, gradients and optimizer state over
+  the GPUs, each transformer block gathered only while it computes; for models whose weights, gradients
+  and AdamW state do not fit one GPU. Checkpoints go through torch.distributed.checkpoint (DCP): every rank
+  writes its own part into out_dir/ckpt_dcp/, and `python convert_checkpoint.py --out_dir=...` turns that
+  into a single ckpt.pt for sample.py and export.
+"""
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from errors import UserError
+
+DCP_DIR = "ckpt_dcp"
+TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
+
+
+def wrap(model, parallelism, device_type, local_rank, dtype, reduce_fp32=True, compile=False):
+    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded."""
+    if parallelism == "ddp":
+        if compile:
+            print("compiling the model... (takes a ~minute)")
+            model = torch.compile(model)
+        if not (dist.is_available() and dist.is_initialized()):
+            return model
+        return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    if parallelism != "fsdp":
+        raise UserError(f"unknown parallelism '{parallelism}': use ddp or fsdp")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # compute in the run's dtype; reduce gradients in float32 unless asked otherwise
+    param_dtype = getattr(torch, dtype) if dtype != "float32" else None
+    reduce_dtype = torch.float32 if reduce_fp32 else param_dtype
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in model.transformer.h:
+        if compile:
+            block.compile()  # in place, per block: keeps parameter names and the FSDP units intact
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)  # embeddings, final norm and the (tied) head
+    return model
+
+
+def set_gradient_sync(model, sync):
+    """Reduce gradients on this micro-step or not. DDP waits for the last micro-step (one all-reduce per
+    step); FSDP reduce-scatters every micro-step, keeping gradients sharded (its point is memory)."""
+    if isinstance(model, DDP):
+        model.require_backward_grad_sync = sync
+
+
+def unwrap(model):
+    return model.module if isinstance(model, DDP) else model
+
+
+def total_norm(norm):
+    """clip_grad_norm_ returns a DTensor for sharded parameters: the full value, as a float."""
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+
+
+def save_sharded(out_dir, model, optimizer, train_state):
+    """Every rank writes its shards of the model and optimizer; rank 0 also the rest of the training state.
+    Written to a temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole."""
+    final = os.path.join(out_dir, DCP_DIR)
+    tmp, old = final + ".tmp", final + ".old"
+    if dist.get_rank() == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)  # what a killed save left
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    if dist.get_rank() == 0:
+        torch.save(train_state, os.path.join(tmp, TRAIN_STATE))
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        print(f"saved sharded checkpoint to {final}")
+    dist.barrier()
+
+
+def sharded_checkpoint(out_dir):
+    """The sharded checkpoint's folder, or None. A crash between the two renames of save_sharded leaves
+    only the .old folder, which is then the latest whole checkpoint."""
+    for name in (DCP_DIR, DCP_DIR + ".old"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(os.path.join(path, TRAIN_STATE)):
+            return path
+    return None
+
+
+def load_train_state(path):
+    return torch.load(os.path.join(path, TRAIN_STATE), map_location="cpu", weights_only=True)
+
+
+def load_sharded(path, model, optimizer):
+    """Fill the (already sharded) model and optimizer from a sharded checkpoint, each rank its own part."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def checkpoint_activations(model):
+    """Recompute each block's activations in the backward pass instead of keeping them: much less memory
+    for about a third more compute. Done by overriding each block's forward, so parameter names and the
+    FSDP units stay as they are."""
+    from torch.utils.checkpoint import checkpoint
+    for block in model.transformer.h:
+        block.forward = (lambda f: lambda *args: checkpoint(f, *args, use_reentrant=False))(block.forward)
