@@ -51,10 +51,12 @@ def wrap(model, parallelism, device_type, local_rank, dtype, reduce_fp32=True, c
 
 
 def set_gradient_sync(model, sync):
-    """Reduce gradients on this micro-step or not. DDP waits for the last micro-step (one all-reduce per
-    step); FSDP reduce-scatters every micro-step, keeping gradients sharded (its point is memory)."""
+    """Reduce gradients on this micro-step or not: only on the last micro-step of gradient accumulation,
+    one reduction per step. (FSDP then keeps unsharded gradients between micro-steps, in the compute dtype.)"""
     if isinstance(model, DDP):
         model.require_backward_grad_sync = sync
+    elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+        model.set_requires_gradient_sync(sync)
 
 
 def unwrap(model):

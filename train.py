@@ -43,7 +43,7 @@ log_interval = 1
 eval_iters = 200
 eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
-checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end
+checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end; -1: never
 keep_checkpoints = 0  # besides ckpt.pt, keep the last N checkpoints as ckpt-<iter>.pt (0: none)
 ckpt_every_tokens = 0  # N: also keep ckpt-tok<tokens>-val<val loss>.pt each time N more tokens are seen (0: off)
 keep_last = 0  # of those, keep only the last N (0: all)
@@ -131,7 +131,8 @@ if ddp:
         device = f'cuda:{ddp_local_rank}'
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend or ('nccl' if device_type == 'cuda' else 'gloo'),
-                            timeout=timedelta(minutes=dist_timeout_minutes))
+                            timeout=timedelta(minutes=dist_timeout_minutes),
+                            device_id=torch.device(device) if device_type == 'cuda' else None)
     master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
     seed_offset = ddp_rank  # each process gets a different seed
     # world_size number of processes will be training simultaneously, so we can scale
@@ -414,7 +415,7 @@ while True:
             best_val_loss = min(best_val_loss, row['val_loss'])
             if checkpoint_interval == 0 and (improved or always_save_checkpoint) and iter_num > 0:
                 save()
-    if checkpoint_interval and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
+    if checkpoint_interval > 0 and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
         save()
     if due(sample_interval) and (master_process or parallelism == 'fsdp'):
         print_samples()
@@ -425,7 +426,7 @@ while True:
     # and using the GradScaler if data type is float16
     loss_sum = 0.0
     for micro_step in range(gradient_accumulation_steps):
-        # DDP needs to sync gradients only at the last micro step (FSDP reduces every micro step)
+        # gradients are reduced across ranks only at the last micro step
         parallel.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
         with ctx:
             logits, loss = model(X, Y)
@@ -469,12 +470,14 @@ while True:
             mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-        mfu_text = f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else ""
-        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, "
-              f"tok/s {tokens_per_iter / dt:,.0f}{mfu_text}")
-        log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(),
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
+        mfu_text = (f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else "") + (f", mem {mem:.1f}GiB" if mem else "")
+        percent = 100 * (iter_num + 1) / max(max_iters, 1)  # of the run, once this step is done
+        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}{mfu_text}, "
+              f"{(iter_num + 1) * tokens_per_iter:,} tokens ({percent:.1f}%)")
+        log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
                   loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
-                  mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps)
+                  mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
     iter_num += 1
     local_iter_num += 1
 

@@ -20,7 +20,8 @@ from datafiles import write_shard  # noqa: E402
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # float32 and no dropout: the runs must agree to rounding
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
+# 4 micro-steps: 2 per rank, so gradient accumulation without a reduction in between is exercised too
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=4,
             eval_interval=4, eval_iters=2, warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, dropout=0.0,
             compile=False, device="cpu", dtype="float32", log_interval=1)
 
