@@ -180,3 +180,32 @@ def keep_numbered_copy(path, iter_num, keep):
             os.remove(os.path.join(folder, old))
     except OSError as e:
         print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")
+
+
+def save_kept_checkpoint(out_dir, state, name, keep=0):
+    """A checkpoint kept beside ckpt.pt, which it leaves alone (e.g. ckpt-tok<tokens>-val<loss>.pt). Every rank
+    calls this, as save_training_checkpoint; rank 0 writes out_dir/<name>, then keeps only the last `keep`
+    (0: all) checkpoints of its kind."""
+    ddp = dist.is_available() and dist.is_initialized()
+    rng = gather_rng_states()
+    if not ddp or dist.get_rank() == 0:
+        path = os.path.join(out_dir, name)
+        print(f"saving checkpoint to {path}")
+        if save_checkpoint({**state, "rng": rng}, path) and keep > 0:
+            prune_checkpoints(out_dir, name, keep)
+    if ddp:
+        dist.barrier()
+
+
+def prune_checkpoints(folder, name, keep):
+    """Remove all but the last `keep` .pt files of name's kind: named like it up to its first digit, then a
+    number (ckpt-tok<N>...), ordered by that number (not by name: tok900 comes before tok1000)."""
+    import re
+    prefix = re.match(r"\D*", name).group()
+    kind = re.compile(re.escape(prefix) + r"(\d+).*\.pt")
+    copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := kind.fullmatch(f)))
+    for _, old in copies[:-keep]:
+        try:
+            os.remove(os.path.join(folder, old))
+        except OSError as e:
+            print(f"error: could not remove the old checkpoint {old} ({e.strerror or e})")

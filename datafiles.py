@@ -2,8 +2,11 @@
 The on-disk dataset format, shared by the prepare scripts (which write it) and the loader (which reads it):
 
     data/<dataset>/train.bin, val.bin   raw token ids, nanoGPT layout (uint16 unless meta says otherwise)
-    data/<dataset>/meta.json            {"tokenizer": "gpt2" | "char", "vocab_size": int, "dtype": "uint16",
-                                         "itos": [...] for "char": the character of each id}
+    data/<dataset>/meta.json            {"tokenizer": "gpt2" | "char" | "hf", "vocab_size": int, "dtype": "uint16",
+                                         "itos": [...] for "char": the character of each id,
+                                         "tokenizer_file": "tokenizer.json" for "hf", "eot": id or null}
+    data/<dataset>/tokenizer.json       for "hf": a Hugging Face `tokenizers` file, which read_meta puts into
+                                        the meta as "tokenizer_json" (so checkpoints carry it)
     data/<dataset>/*_val_000000.bin,    or token shards in llm.c's format (meta.json then says "format": "shards"):
                    *_train_000001.bin   a header of 256 little-endian int32 - magic 20240520, version (1: uint16
                    ...                  tokens, 2: uint32), token count - then the tokens
@@ -77,6 +80,15 @@ def read_meta(data_dir):
     meta.setdefault("dtype", "uint16")
     if meta["dtype"] not in DTYPES:
         raise UserError(f"{path}: unknown dtype {meta['dtype']!r} (expected one of {sorted(DTYPES)})")
+    if meta["tokenizer"] == "hf" and "tokenizer_json" not in meta:
+        # the tokenizer itself goes into the meta, so that checkpoints (which keep the meta) carry it
+        tok_path = os.path.join(data_dir, meta.get("tokenizer_file", "tokenizer.json"))
+        try:
+            with open(tok_path, encoding="utf-8") as f:
+                meta["tokenizer_json"] = f.read()
+        except OSError as e:
+            raise UserError(f"{path} names tokenizer file {tok_path}, which could not be read "
+                            f"({e.strerror or e}); re-run the dataset's prepare.py")
     return meta
 
 

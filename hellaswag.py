@@ -29,7 +29,7 @@ import hardware
 from atomic import atomic_write
 from checkpoint import load_model
 from errors import UserError
-from tokenizer import get_tokenizer
+from tokenizer import folder_meta, get_tokenizer
 
 _URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 
@@ -168,7 +168,7 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
     try:
         with torch.no_grad(), autocast_ctx or nullcontext():
             starts = range(0, len(mine), batch_examples)
-            for i in tqdm(starts, desc="hellaswag", disable=None if progress and rank == 0 else True):
+            for i in tqdm(starts, desc="hellaswag", leave=False, disable=None if progress and rank == 0 else True):
                 rendered = [render_example(example, tokenizer) for example in mine[i:i + batch_examples]]
                 x, y = _collate(rendered, 4 * batch_examples, block_size, pad_multiple)
                 x, y = x.to(device), y.to(device)
@@ -230,6 +230,8 @@ def main(argv):
         examples = examples[:s['limit']]
 
     model, meta = load_model(s['init_from'], s['out_dir'])
+    if meta is None and s['init_from'] != 'resume':
+        meta = folder_meta(s['init_from'])  # a transformers folder's own tokenizer.json, where it has one
     tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
     model.to(device)
     model = hardware.maybe_compile(model, s['compile'], device_type)

@@ -1,14 +1,16 @@
 """
-The GPT language model, GPT-2 architecture, in one file.
+The GPT language model in one file: GPT-2's architecture by default, or a LLaMA-style one (family='llama':
+rotary positions, RMSNorm, SwiGLU MLP), with grouped-query attention and untied embeddings as options.
 References:
 1) OpenAI's GPT-2 TensorFlow implementation: https://github.com/openai/gpt-2/blob/master/src/model.py
-2) huggingface/transformers' PyTorch implementation, whose weights `from_pretrained` loads
+2) huggingface/transformers' PyTorch implementations, whose GPT-2 and Llama weights `from_pretrained` loads
 3) nanoGPT's model.py, whose checkpoints this one reads
 """
 import inspect
 import math
+import os
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
@@ -16,6 +18,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import hardware
+from errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -29,23 +32,90 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # bias in Linears and LayerNorms, like GPT-2; False is a bit better and faster
+    # the fields below are not nanoGPT's: a checkpoint records them only where they differ from these defaults
+    family: str = 'gpt2'  # 'gpt2': learned positions, LayerNorm, GELU MLP; 'llama': RoPE, RMSNorm, SwiGLU MLP
+    n_kv_head: int = 0  # key/value heads, fewer than n_head for grouped-query attention (0: n_head)
+    mlp_hidden: int = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
+    rope_theta: float = 10000.0  # llama: base of the rotary position embeddings' frequencies
+    tie_embeddings: bool = True  # the output projection is the token embedding (GPT-2 ties them, LLaMA does not)
+    norm_eps: float = 1e-5  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
+
+    def __post_init__(self):
+        if self.family not in ('gpt2', 'llama'):
+            raise UserError(f"unknown model family '{self.family}': use gpt2 or llama")
+        self.n_kv_head = self.n_kv_head or self.n_head
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
+            raise UserError(f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}, and n_head a "
+                            f"multiple of n_kv_head={self.n_kv_head}")
+        if self.family == 'llama' and (self.n_embd // self.n_head) % 2:
+            raise UserError(f"rotary embeddings need an even head size, not {self.n_embd // self.n_head}")
+        if not self.mlp_hidden:
+            # llama: 8/3 x n_embd (three matrices, as many weights as GPT-2's two of 4 x), up to a multiple of 64
+            self.mlp_hidden = 4 * self.n_embd if self.family == 'gpt2' else -(-8 * self.n_embd // (3 * 64)) * 64
+
+    def checkpoint_args(self):
+        """model_args for a checkpoint: nanoGPT's keys, plus the other fields where they differ from their
+        defaults - so a GPT-2 checkpoint is still one nanoGPT reads, and a checkpoint without them is GPT-2."""
+        default = GPTConfig(n_embd=self.n_embd, n_head=self.n_head)  # n_kv_head, mlp_hidden follow these
+        return {k: v for k, v in asdict(self).items() if k in NANOGPT_ARGS or v != getattr(default, k)}
+
+
+NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')
 
 
 class LayerNorm(nn.Module):
     """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1, and we keep nanoGPT's keys)."""
 
-    def __init__(self, ndim, bias):
+    def __init__(self, ndim, bias, eps=1e-5):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.eps = eps
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """LLaMA's norm: scale by the root mean square, no centring, no bias; computed in float32 as in
+    transformers' Llama, so its weights give its logits."""
+
+    def __init__(self, ndim, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.type_as(x)
+
+
+def make_norm(config):
+    if config.family == 'llama':
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+
+
+def rotary(positions, head_size, theta):
+    """cos and sin (T, head_size) of the rotary embedding's angles at these positions, in float32, laid out
+    as transformers' Llama does: the frequencies twice over, for rotate_half's two halves."""
+    inv_freq = theta ** -(torch.arange(0, head_size, 2, device=positions.device, dtype=torch.float32) / head_size)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate each (first half, second half) pair of x (B, nh, T, hs) by its position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)  # transformers' rotate_half
+    return (x * cos + rotated * sin).type_as(x)
 
 
 class KVCache:
-    """Keys and values of every layer for the positions seen so far, preallocated to block_size,
-    so generating one more token runs the model on one position instead of the whole context."""
+    """Keys and values of every layer for the positions seen so far (only the key/value heads, with GQA),
+    preallocated, so generating one more token runs the model on one position instead of the whole context."""
 
     def __init__(self, n_layer, capacity):
         self.kv = [None] * n_layer
@@ -67,23 +137,25 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.layer_idx = layer_idx
-        # key, query, value projections for all heads, in a batch
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_size = config.n_embd // config.n_head
+        # query, key and value projections for all heads, in a batch (fewer key/value heads with GQA)
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, rope=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        hs, kv_size = self.head_size, self.n_kv_head * self.head_size
+        q, k, v = self.c_attn(x).split([C, kv_size, kv_size], dim=2)
+        # (B, T, nh * hs) -> (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         mask, is_causal, kernels = None, True, nullcontext()
         if cache is not None:
             # the key length changes every token, and cuDNN attention builds a new plan for each new shape
@@ -96,6 +168,11 @@ class CausalSelfAttention(nn.Module):
                 is_causal = False
                 if T > 1:
                     mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(diagonal=cache.pos)
+        if self.n_kv_head != self.n_head:
+            # grouped-query attention: key/value head j serves query heads j*g .. j*g+g-1 (transformers'
+            # repeat_kv); expanding here runs on every torch and every SDPA kernel, unlike enable_gqa
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         # flash attention kernels where the device has them
         dropout = self.attn_dropout if self.training else 0.0
         with kernels:
@@ -108,26 +185,40 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's own GELU ("gelu_new"), so its weights give its logits
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class SwiGLU(nn.Module):
+    """LLaMA's MLP: silu(gate(x)) * up(x), projected back; gate and up are one Linear (one matmul)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=config.bias)  # [gate; up]
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+
 class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = SwiGLU(config) if config.family == 'llama' else MLP(config)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x, cache=None, rope=None):
+        x = x + self.attn(self.ln_1(x), cache, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -141,14 +232,16 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            # GPT-2 learns a table of positions; llama rotates queries and keys by position instead
+            **({} if config.family == 'llama' else {'wpe': nn.Embedding(config.block_size, config.n_embd)}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=make_norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: the output projection is the token embedding (https://paperswithcode.com/method/weight-tying)
-        self.transformer.wte.weight = self.lm_head.weight
+        if config.tie_embeddings:
+            # weight tying: the output projection is the token embedding (https://paperswithcode.com/method/weight-tying)
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)
         for pn, p in self.named_parameters():
@@ -156,11 +249,14 @@ class GPT(nn.Module):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def get_num_params(self, non_embedding=True):
-        """Number of parameters; by default without the position embeddings (the token embeddings count,
-        since they are the lm_head's weights too)."""
+        """Number of parameters; by default without the embedding tables that are only looked up: the
+        position embeddings, and the token embeddings unless they are the lm_head's weights too."""
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
+            if 'wpe' in self.transformer:
+                n_params -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n_params -= self.transformer.wte.weight.numel()
         return n_params
 
     def _init_weights(self, module):
@@ -180,9 +276,14 @@ class GPT(nn.Module):
         assert start + t <= self.config.block_size, \
             f"cannot forward a sequence of length {start + t}, block size is only {self.config.block_size}"
         pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x, rope = self.transformer.wte(idx), None
+        if 'wpe' in self.transformer:
+            x = x + self.transformer.wpe(pos)
+        else:
+            rope = rotary(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, cache)
+            x = block(x, cache, rope)
         if cache is not None:
             cache.pos += t
         x = self.transformer.ln_f(x)
@@ -201,14 +302,24 @@ class GPT(nn.Module):
         """Shrink the context, e.g. to fine-tune GPT-2 (1024) at a smaller block size."""
         assert block_size <= self.config.block_size
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if 'wpe' in self.transformer:  # rotary positions have no table
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
         """GPT-2 weights through transformers: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a
-        local folder written by save_pretrained. Only `dropout` may be overridden."""
+        local folder written by save_pretrained; or a Llama folder (LlamaForCausalLM), through hf_convert.
+        Only `dropout` may be overridden."""
         override_args = override_args or {}
         assert all(k == "dropout" for k in override_args), f"only dropout can be overridden, got {override_args}"
+        if os.path.isdir(model_type):
+            from transformers import AutoConfig
+            kind = AutoConfig.from_pretrained(model_type).model_type
+            if kind == "llama":
+                import hf_convert  # it imports this module
+                return hf_convert.load_hf_llama(model_type, override_args.get("dropout", 0.0))
+            if kind != "gpt2":
+                raise UserError(f"{model_type} holds a transformers '{kind}' model; only gpt2 and llama load")
         from transformers import GPT2LMHeadModel
         print(f"loading GPT-2 weights from {model_type}")
         model_hf = GPT2LMHeadModel.from_pretrained(model_type)
@@ -232,7 +343,7 @@ class GPT(nn.Module):
                 sd[k].copy_(v)
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, fused=True):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         # every weight matrix and embedding decays; biases and norm gains do not
         params = [p for p in self.parameters() if p.requires_grad]
         decay_params = [p for p in params if p.dim() >= 2]
@@ -244,7 +355,7 @@ class GPT(nn.Module):
         print(f"num decayed parameter tensors: {len(decay_params)}, with {sum(p.numel() for p in decay_params):,} parameters")
         print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {sum(p.numel() for p in nodecay_params):,} parameters")
         # the fused kernel is much faster where it exists
-        use_fused = fused and "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
+        use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
         optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
         print(f"using fused AdamW: {use_fused}")
         return optimizer
@@ -282,7 +393,9 @@ class GPT(nn.Module):
             else:
                 idx_cond = idx
                 if use_cache and idx.size(1) < self.config.block_size:
-                    cache = KVCache(self.config.n_layer, self.config.block_size)
+                    # no bigger than this generation needs: a model from transformers may have a huge block_size
+                    capacity = min(self.config.block_size, idx.size(1) + max_new_tokens)
+                    cache = KVCache(self.config.n_layer, capacity)
             logits, _ = self(idx_cond, cache=cache)
             logits = logits[:, -1, :vocab_limit]
             if temperature == 0:

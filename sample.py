@@ -7,12 +7,13 @@ import os
 import sys
 
 import torch
+from tqdm import tqdm
 
 import configurator
 import errors
 import hardware
 from checkpoint import load_model
-from tokenizer import get_tokenizer
+from tokenizer import folder_meta, get_tokenizer
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'  # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
@@ -39,6 +40,8 @@ ctx = hardware.autocast(device_type, hardware.resolve_dtype(dtype, device_type))
 
 # model, and the tokenizer of the data it was trained on
 model, meta = load_model(init_from, out_dir)
+if meta is None and init_from != 'resume':
+    meta = folder_meta(init_from)  # a transformers folder's own tokenizer.json, where it has one
 tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
 print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
 
@@ -59,11 +62,26 @@ if not start_ids:
     raise errors.UserError("the prompt is empty: give at least one token with --start=...")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
+# a progress bar over the tokens when there are many to wait for (only on a terminal: disable=None);
+# generate() runs forward once per new token, so counting those calls counts the tokens
+bar = tqdm(total=num_samples * max_new_tokens, unit='tok', leave=False,
+           disable=None if num_samples * max_new_tokens >= 1000 else True)
+forward = model.forward
+
+
+def counted_forward(*args, **kwargs):
+    bar.update()
+    return forward(*args, **kwargs)
+
+
+model.forward = counted_forward
+
 # run generation
 with torch.no_grad():
     with ctx:
         for k in range(num_samples):
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
                                vocab_limit=tokenizer.vocab_size)
-            print(tokenizer.decode(y[0].tolist()))
-            print('---------------')
+            tqdm.write(tokenizer.decode(y[0].tolist()))  # print, but clear of the bar
+            tqdm.write('---------------')
+bar.close()

@@ -1,12 +1,16 @@
 """
-Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file) and characters.
+Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters, and Hugging Face
+`tokenizers` JSON files (trained on a dataset by its prepare script, or any existing tokenizer.json).
 
     enc = gpt2_encoding()              # a tiktoken.Encoding, for prepare scripts that want encode_ordinary
     tok = get_tokenizer(read_meta(d))  # what sample.py and train.py use: .encode, .decode, .vocab_size, .eot
+    tok, meta = dataset_tokenizer(...)  # what a prepare script's --tokenizer asks for, and its meta.json
 """
 import base64
 import functools
 import os
+
+from atomic import atomic_write
 
 import tiktoken
 
@@ -54,9 +58,10 @@ def gpt2_encoding():
 
 
 class Tokenizer:
-    """encode(text) -> list of ids, decode(ids) -> text, plus name, vocab_size and eot (None if no such token)."""
+    """encode(text) -> list of ids, decode(ids) -> text, plus name, vocab_size and eot (None if no such token).
+    encode_ordinary, for prepare scripts, treats special tokens written in the text as plain text."""
 
-    def __init__(self, name, itos=None):
+    def __init__(self, name, itos=None, tokenizer_json=None, eot=None):
         self.name = name
         if name == "gpt2":
             self.enc = gpt2_encoding()
@@ -65,24 +70,64 @@ class Tokenizer:
             self.itos = list(itos)
             self.stoi = {ch: i for i, ch in enumerate(self.itos)}
             self.vocab_size, self.eot = len(self.itos), None
+        elif name == "hf":
+            self.hf = _hf_tokenizer(tokenizer_json)
+            self.vocab_size, self.eot = _hf_vocab_size(self.hf), eot
         else:
-            raise UserError(f"unknown tokenizer {name!r} (known: char, gpt2)")
+            raise UserError(f"unknown tokenizer {name!r} (known: char, gpt2, hf)")
 
     def encode(self, text):
         if self.name == "gpt2":
             # a prompt may hold <|endoftext|> on purpose (e.g. to start a fresh document), so allow it
             return self.enc.encode(text, allowed_special={"<|endoftext|>"})
+        if self.name == "hf":
+            # special tokens in the text are recognised, as for GPT-2; no BOS/EOS template is added, since
+            # the training data has none either
+            return self.hf.encode(text, add_special_tokens=False).ids
         try:
             return [self.stoi[ch] for ch in text]
         except KeyError as e:
             raise UserError(f"character {e.args[0]!r} is not in this dataset's vocabulary of "
                             f"{self.vocab_size} characters") from None
 
+    def encode_ordinary(self, text):
+        if self.name == "gpt2":
+            return self.enc.encode_ordinary(text)
+        if self.name == "hf":
+            self.hf.encode_special_tokens = True  # "<|endoftext|>" in a document is text, not the separator
+            try:
+                return self.hf.encode(text, add_special_tokens=False).ids
+            finally:
+                self.hf.encode_special_tokens = False
+        return self.encode(text)
+
     def decode(self, ids):
         ids = [int(i) for i in ids]  # numpy and torch integers -> plain ints
         if self.name == "gpt2":
             return self.enc.decode(ids)
+        if self.name == "hf":
+            return self.hf.decode(ids, skip_special_tokens=False)  # show <|endoftext|>, as GPT-2's does
         return "".join(self.itos[i] for i in ids)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_tokenizer_file(path, eot=None):
+    """A Tokenizer for a tokenizers JSON file, built once per process (for prepare scripts' workers)."""
+    with open(path, encoding="utf-8") as f:
+        return Tokenizer("hf", tokenizer_json=f.read(), eot=eot)
+
+
+def _hf_tokenizer(tokenizer_json, where="the dataset's tokenizer"):
+    import tokenizers  # only datasets with a tokenizers file need it
+    try:
+        return tokenizers.Tokenizer.from_str(tokenizer_json)
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed files
+        raise UserError(f"{where} is not a Hugging Face tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+
+
+def _hf_vocab_size(hf):
+    # one past the largest id: added tokens may leave gaps, so the count of tokens could fall short of it
+    return max(hf.get_vocab(with_added_tokens=True).values()) + 1
 
 
 def get_tokenizer(meta):
@@ -96,10 +141,79 @@ def get_tokenizer(meta):
         return Tokenizer("char", meta["itos"])
     if name == "gpt2":
         return Tokenizer("gpt2")
-    raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2)")
+    if name == "hf":
+        if not isinstance(meta.get("tokenizer_json"), str):
+            raise UserError("meta says tokenizer 'hf' but holds no tokenizer_json (read it with datafiles.read_meta)")
+        return Tokenizer("hf", tokenizer_json=meta["tokenizer_json"], eot=meta.get("eot"))
+    raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2, hf)")
 
 
 def char_meta(text):
     """meta.json for a character-level dataset: every distinct character of text, sorted, is one token."""
     chars = sorted(set(text))
     return {"tokenizer": "char", "vocab_size": len(chars), "dtype": dtype_for_vocab(len(chars)), "itos": chars}
+
+
+# what an existing tokenizer may call its end-of-text token, the separator between documents
+EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+
+
+def train_bpe(texts, vocab_size):
+    """A byte-level BPE (GPT-2's scheme: every text round-trips) trained by `tokenizers` on an iterable of
+    texts, with <|endoftext|> as its one special token."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    if vocab_size <= 257:
+        raise UserError(f"--vocab_size must be above 257 (256 bytes and <|endoftext|>), got {vocab_size}")
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def dataset_tokenizer(choice, out_dir, texts=None, vocab_size=None):
+    """A prepare script's --tokenizer: 'gpt2'; 'train', a byte-level BPE of vocab_size trained on texts()
+    (an iterable of the training split's texts); or the path of a tokenizers JSON file. Returns the Tokenizer
+    and the dataset's meta.json; the last two save the tokenizer as out_dir/tokenizer.json."""
+    if choice == "gpt2":
+        enc = gpt2_encoding()
+        return Tokenizer("gpt2"), {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16",
+                                   "eot": enc.eot_token}
+    if choice == "train":
+        print(f"training a byte-level BPE tokenizer of {vocab_size:,} tokens")
+        tokenizer_json = train_bpe(texts(), vocab_size).to_str()
+    else:
+        try:
+            with open(choice, encoding="utf-8") as f:
+                tokenizer_json = f.read()
+        except OSError as e:
+            raise UserError(f"--tokenizer {choice}: not gpt2, train, or a readable tokenizers JSON file "
+                            f"({e.strerror or e})")
+    meta = hf_meta(tokenizer_json, choice if choice != "train" else "the trained tokenizer")
+    os.makedirs(out_dir, exist_ok=True)
+    with atomic_write(os.path.join(out_dir, meta["tokenizer_file"])) as f:
+        f.write(tokenizer_json.encode("utf-8"))
+    print(f"tokenizer: {meta['vocab_size']:,} tokens, end-of-text id {meta['eot']}, stored as {meta['dtype']}")
+    return Tokenizer("hf", tokenizer_json=tokenizer_json, eot=meta["eot"]), meta
+
+
+def hf_meta(tokenizer_json, where="the tokenizer"):
+    """meta.json for a dataset with this tokenizers file (saved beside it as tokenizer.json)."""
+    hf = _hf_tokenizer(tokenizer_json, where)
+    eot = next((hf.token_to_id(t) for t in EOT_NAMES if hf.token_to_id(t) is not None), None)
+    vocab_size = _hf_vocab_size(hf)
+    return {"tokenizer": "hf", "tokenizer_file": "tokenizer.json", "vocab_size": vocab_size,
+            "dtype": dtype_for_vocab(vocab_size), "eot": eot}
+
+
+def folder_meta(init_from):
+    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say), or None when there
+    is none: then the model is GPT-2's, with its BPE."""
+    path = os.path.join(init_from, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        tokenizer_json = f.read()
+    return {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}

@@ -25,14 +25,16 @@ import configurator
 import errors
 import hardware
 import parallel
+import schedule
 from checkpoint import (check_out_dir, gather_rng_states, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
-                        save_training_checkpoint, set_rng_state)
+                        save_kept_checkpoint, save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
 from datafiles import read_meta
 from model import GPT, GPTConfig
 from preemption import StopRequest
 from tokenizer import get_tokenizer
-from trainlog import TrainLog
+from dashboard import start_dashboard
+from trainlog import TrainLog, start_wandb
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
@@ -54,11 +56,14 @@ sample_interval = 0
 num_samples_train = 4
 sample_prompt = "Hello, I'm a language model,"
 sample_max_tokens = 32
-init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 folder)
+init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log = False
 wandb_project = 'owt'
 wandb_run_name = 'gpt2'
+# a live web page of the run's log on 127.0.0.1 (`python dashboard.py --out_dir=...` serves one for any run)
+dashboard = False
+dashboard_port = 8000  # 0: any free port
 # data
 dataset = 'openwebtext'
 data_dir = ''  # '' means data/<dataset> beside this script
@@ -89,8 +94,8 @@ max_nonfinite_steps = 10  # stop after this many updates in a row skipped for a 
 decay_lr = True  # whether to decay the learning rate
 warmup_iters = 2000  # how many steps to warm up for
 lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
-warmup_tokens = 0  # or warm up and decay over this many tokens (0: the iteration settings; with max_tokens
-lr_decay_tokens = 0  # and neither decay setting given, the decay ends at max_tokens)
+warmup_tokens = 0  # or warm up over this many tokens (0: warmup_iters)
+lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or with max_tokens the budget's end)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 # DDP settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
@@ -106,6 +111,7 @@ seed = 1337
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in hardware.py's table
 # -----------------------------------------------------------------------------
 errors.install()
+_defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from the command line or a config file
 # -----------------------------------------------------------------------------
 
@@ -151,6 +157,10 @@ tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * bl
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
     check_out_dir(out_dir)
+# a token budget (max_tokens, warmup_tokens, lr_decay_tokens) in iterations, now that their size is known
+max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, _defaults, master_process)
+if ckpt_every_tokens and parallelism == 'fsdp' and ddp:
+    raise errors.UserError("ckpt_every_tokens does not work with parallelism=fsdp yet: use checkpoint_interval")
 torch.manual_seed(seed + seed_offset)
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
 ctx = hardware.autocast(device_type, dtype)
@@ -171,8 +181,9 @@ if meta_vocab_size:
 iter_num = 0  # can be overridden if init_from='resume' (i.e. from a checkpoint)
 best_val_loss = 1e9
 checkpoint = None
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                  bias=bias, vocab_size=None, dropout=dropout)  # start with model_args from command line
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
+                  dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
+                  tie_embeddings=tie_embeddings)  # start with model_args from command line
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
     # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
@@ -191,25 +202,22 @@ elif init_from == 'resume':
         raise errors.UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
                                f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
     checkpoint = parallel.load_train_state(sharded) if sharded else load_checkpoint(ckpt_path)
-    # the shape of the model comes from the checkpoint; the rest (dropout) can still be set
-    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
-        model_args[k] = checkpoint['model_args'][k]
+    # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
+    model_args = {**checkpoint['model_args'], 'dropout': dropout}
     # a sharded checkpoint's weights are loaded once the model is sharded too, below
     model = GPT(GPTConfig(**model_args)) if sharded else model_from_checkpoint({**checkpoint, 'model_args': model_args}, ckpt_path)
     iter_num = checkpoint['iter_num']
     best_val_loss = float(checkpoint['best_val_loss'])
 else:
-    print(f"Initializing from OpenAI GPT-2 weights: {init_from}")
+    print(f"Initializing from pretrained weights: {init_from}")
     model = pretrained_gpt2(init_from, dropout)
-    for k in ['n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size']:
-        model_args[k] = getattr(model.config, k)
 # crop down the model block size if desired, using model surgery
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
-    model_args['block_size'] = block_size  # so that the checkpoint will have the right value
 elif block_size > model.config.block_size:
     raise errors.UserError(f"block_size={block_size} is larger than the model's {model.config.block_size} "
                            f"({init_from}): use --block_size={model.config.block_size} or less")
+model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
 model.to(device)
 vocab_size = model.config.vocab_size
 if meta_vocab_size and meta_vocab_size > vocab_size:
@@ -253,8 +261,7 @@ model = parallel.wrap(model, parallelism, device_type, ddp_local_rank if ddp els
 eval_model = parallel.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                           fused=parallelism != 'fsdp')
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if init_from == 'resume' and sharded:
     parallel.load_sharded(sharded, model, optimizer)
 
@@ -279,6 +286,7 @@ if init_from == 'resume':
         print(f"note: the checkpoint comes from {len(saved_rng)} processes, this run has {ddp_world_size}: "
               f"random streams (dropout) start afresh")
         saved_rng = None
+wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed: the same wandb run goes on
 checkpoint = None  # free up memory
 
 
@@ -310,23 +318,9 @@ def estimate_loss():
     return out
 
 
-# learning rate decay scheduler (cosine with warmup)
-def get_lr(it):
-    # 1) linear warmup for warmup_iters steps; never 0 at step 0
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    # 2) past lr_decay_iters, return min learning rate
-    if it >= lr_decay_iters:
-        return min_lr
-    # 3) in between, use cosine decay down to min learning rate
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # coeff ranges 0..1
-    return min_lr + coeff * (learning_rate - min_lr)
-
-
-def save():
+def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
-    exactly as this one would."""
+    exactly as this one would. With a name: that file instead, one of the last keep_last kept beside ckpt.pt."""
     state = {
         'model_args': model_args,
         'iter_num': iter_num,
@@ -338,12 +332,14 @@ def save():
         'log_position': log.position(),
         'elapsed': elapsed(),
         'skipped_steps': skipped_steps,
+        'wandb_run_id': wandb_run_id,
     }
     if parallelism == 'fsdp' and ddp:
         parallel.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
     else:  # save_training_checkpoint adds 'rng': every rank's random state
-        save_training_checkpoint(out_dir, {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                                           **state}, keep_checkpoints)
+        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), **state}
+        save_training_checkpoint(out_dir, state, keep_checkpoints) if name is None else \
+            save_kept_checkpoint(out_dir, state, name, keep_last)
 
 
 def elapsed():
@@ -370,8 +366,10 @@ def print_samples():
 if master_process:
     print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
 if wandb_log and master_process:
-    import wandb
-    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+    log.wandb = start_wandb(wandb_project, wandb_run_name, config, wandb_run_id)  # gets every row of the log
+    wandb_run_id = log.wandb.id
+if dashboard and master_process:
+    start_dashboard(out_dir, dashboard_port)
 
 # training loop
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
@@ -386,7 +384,7 @@ nonfinite_in_a_row = 0
 while True:
 
     # determine and set the learning rate for this iteration
-    lr = get_lr(iter_num) if decay_lr else learning_rate
+    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
     for param_group in optimizer.param_groups:
         param_group['lr'] = lr
 
@@ -395,21 +393,22 @@ while True:
     last_step = iter_num >= max_iters
     fresh = not (iter_num == start_iter and init_from == 'resume') or eval_only
     due = lambda interval: interval and fresh and (iter_num % interval == 0 or last_step or eval_only)
-    if due(eval_interval) or due(hellaswag_interval):
+    # a kept checkpoint each ckpt_every_tokens tokens, named with a val loss evaluated for it
+    tokens_due = schedule.crossed(iter_num, tokens_per_iter, ckpt_every_tokens) and fresh and not eval_only
+    if due(eval_interval) or due(hellaswag_interval) or tokens_due:
         row = {}
-        if due(eval_interval):
+        if due(eval_interval) or tokens_due:
             losses = estimate_loss()  # the same numbers on every rank
             row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
         if due(hellaswag_interval):
-            hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, ddp_rank, ddp_world_size)
+            hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, ddp_rank, ddp_world_size,
+                                    progress=True)  # a bar on rank 0, when it writes to a terminal
             row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
         if master_process:
             print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
                   + f", {time.time() - _launch_time:.1f}s since launch")
-            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), **row)
-            if wandb_log:
-                wandb.log({"iter": iter_num, "lr": lr, "mfu": running_mfu * 100,
-                           **{k.replace('_loss', '/loss'): v for k, v in row.items()}})
+            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
+                      percent=100 * iter_num / max(max_iters, 1), **row)
         if 'val_loss' in row and not eval_only:
             improved = row['val_loss'] < best_val_loss
             best_val_loss = min(best_val_loss, row['val_loss'])
@@ -417,6 +416,8 @@ while True:
                 save()
     if checkpoint_interval > 0 and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
         save()
+    if tokens_due:
+        save(f"ckpt-tok{iter_num * tokens_per_iter}-val{row['val_loss']:.4f}.pt")
     if due(sample_interval) and (master_process or parallelism == 'fsdp'):
         print_samples()
     if eval_only or last_step:

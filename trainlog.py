@@ -7,6 +7,8 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
 Values that do not apply are null. The checkpoint records the log's length in bytes, so a resumed run
 first drops the rows written after that checkpoint (the steps it is about to run again) and says so.
+
+With wandb_log=True every row also goes to Weights & Biases (start_wandb), under the names of wandb_metrics.
 """
 import json
 import math
@@ -20,6 +22,7 @@ class TrainLog:
     def __init__(self, out_dir, enabled=True):
         self.path = os.path.join(out_dir, LOG_NAME)
         self.enabled = enabled  # only the master process writes
+        self.wandb = None  # a wandb run (start_wandb) that gets every row too
 
     def position(self):
         return os.path.getsize(self.path) if os.path.exists(self.path) else 0
@@ -44,6 +47,42 @@ class TrainLog:
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(wandb_metrics(row))
+
+
+# wandb's names for the log's values where they differ, so that per-step and evaluation numbers never share
+# a chart (the step's loss is train/loss, the evaluation's estimate eval/train_loss); others keep their name
+WANDB_NAMES = {
+    "train": {"loss": "train/loss"},
+    "eval": {"train_loss": "eval/train_loss", "val_loss": "val/loss", "perplexity": "val/perplexity",
+             "hellaswag": "hellaswag/acc_norm", "hellaswag_acc": "hellaswag/acc"},
+}
+
+
+def wandb_metrics(row):
+    """A log row as a wandb.log dict: step, tokens, time and its values under stable names (nulls left out)."""
+    kind = row["kind"]
+    metrics = {"step": row["step"], "tokens": row["tokens"], "time": row["time"]}
+    if kind == "sample":
+        import wandb
+        metrics["samples"] = wandb.Table(columns=["step", "text"], data=[[row["step"], t] for t in row["samples"]])
+        return metrics
+    for k, v in row.items():
+        if k not in metrics and k != "kind" and v is not None:
+            metrics[WANDB_NAMES.get(kind, {}).get(k, k)] = v
+    return metrics
+
+
+def start_wandb(project, name, config, run_id=None):
+    """A Weights & Biases run with the run's config, charted against our step (not wandb's own counter, which
+    a resumed run would disagree with). Given the id a checkpoint kept, the same wandb run goes on."""
+    import wandb
+    run = wandb.init(project=project, name=name, id=run_id, resume="allow" if run_id else None)
+    run.config.update(config, allow_val_change=True)  # a resumed run may change some settings (max_iters)
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step")
+    return run
 
 
 def read_log(out_dir):

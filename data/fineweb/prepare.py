@@ -90,6 +90,8 @@ def main():
     # heavy imports after the argument checks, so mistakes are reported at once
     from tqdm import tqdm
     import datasets
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
 
     if args.local is not None:
         dataset = load_local_documents(args.local, args.num_proc)

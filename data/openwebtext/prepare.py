@@ -7,6 +7,9 @@ Prepare OpenWebText (or any text dataset) for GPT-2 training: GPT-2 BPE tokens, 
     python data/openwebtext/prepare.py --local some/folder     # a folder of them, or a save_to_disk folder
 
 A .txt file is one document; jsonl/json/parquet rows are documents, their text in --text_column.
+Instead of GPT-2's BPE, --tokenizer=train trains a byte-level BPE of --vocab_size tokens on the train split
+(Hugging Face `tokenizers`), and --tokenizer=path/to/tokenizer.json uses that one; either is saved as
+tokenizer.json beside the data, and ids are stored as uint32 when the vocabulary passes 65,536.
 """
 import argparse
 import os
@@ -14,9 +17,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 import errors
-from datafiles import load_local_documents, write_meta
+from datafiles import DTYPES, load_local_documents, write_meta
 from errors import UserError
-from tokenizer import gpt2_encoding
+from tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,6 +31,9 @@ parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2)
                     help="worker processes for loading and tokenizing (a good number is about half your cores)")
 parser.add_argument("--val_fraction", type=float, default=0.0005)
 parser.add_argument("--seed", type=int, default=2357)
+parser.add_argument("--tokenizer", default="gpt2",
+                    help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
+parser.add_argument("--vocab_size", type=int, default=32768, help="vocabulary of --tokenizer=train")
 args = parser.parse_args()
 if args.num_proc < 1:
     raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
@@ -35,12 +41,17 @@ if not 0 < args.val_fraction < 1:
     raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
 if args.local is not None and not os.path.exists(args.local):
     raise UserError(f"--local path {args.local} does not exist")
-gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
+if args.tokenizer == "gpt2":
+    gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
+elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
+    raise UserError(f"--tokenizer {args.tokenizer}: not gpt2, train, or an existing tokenizers JSON file")
 
 # heavy imports after the argument checks, so mistakes are reported at once
 import numpy as np
 from tqdm import tqdm
 import datasets
+if not sys.stderr.isatty():
+    datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
 
 if args.local is not None:
     dataset = load_local_documents(args.local, args.num_proc)
@@ -61,13 +72,22 @@ if len(dataset) < 2:
 split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=args.seed, shuffle=True)
 split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
 
+# the tokenizer (a trained one learns from the train split only), saved beside the data before any token
+os.makedirs(args.out_dir, exist_ok=True)
+train_texts = lambda: (batch[args.text_column] for batch in split_dataset["train"].iter(batch_size=1000))
+_, meta = dataset_tokenizer(args.tokenizer, args.out_dir, train_texts, args.vocab_size)
+if meta["eot"] is None:
+    raise UserError(f"the tokenizer has no end-of-text token to separate documents (looked for "
+                    f"<|endoftext|>, <|end_of_text|>, </s>, <eos>)")
+tokenizer_file = os.path.join(args.out_dir, meta.get("tokenizer_file", ""))
 
-# tokenize the dataset; the encoding is fetched inside the worker (cached per process) rather than captured,
+
+# tokenize the dataset; the tokenizer is fetched inside the worker (cached per process) rather than captured,
 # so the function pickles small and datasets can fingerprint it for its cache
 def process(example):
-    enc = gpt2_encoding()
-    ids = enc.encode_ordinary(example[args.text_column])  # encode_ordinary ignores any special tokens
-    ids.append(enc.eot_token)  # add the end of text token, e.g. 50256 for gpt2 bpe
+    tok = get_tokenizer(None) if meta["tokenizer"] == "gpt2" else hf_tokenizer_file(tokenizer_file, meta["eot"])
+    ids = tok.encode_ordinary(example[args.text_column])  # special tokens in the text are plain text
+    ids.append(meta["eot"])  # add the end of text token, e.g. 50256 for gpt2 bpe
     return {"ids": ids, "len": len(ids)}
 
 
@@ -75,17 +95,16 @@ tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
                               desc="tokenizing the splits", num_proc=args.num_proc)
 
 # concatenate all the ids in each dataset into one large file we can use for training
-os.makedirs(args.out_dir, exist_ok=True)
 for split, dset in tokenized.items():
     arr_len = int(np.sum(dset["len"], dtype=np.uint64))
     filename = os.path.join(args.out_dir, f"{split}.bin")
     # write under a temporary name and rename at the end: an interrupted run leaves no valid-looking half file
     tmp = filename + ".tmp"
     try:
-        arr = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(arr_len,))  # can do since enc.max_token_value < 2**16
+        arr = np.memmap(tmp, dtype=DTYPES[meta["dtype"]], mode="w+", shape=(arr_len,))  # uint16 if the vocab fits
         total_batches = min(1024, len(dset))
         idx = 0
-        for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}"):
+        for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}", disable=None):  # None: tty only
             # batch together samples for faster write
             batch = dset.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")
             arr_batch = np.concatenate(batch["ids"])
@@ -102,8 +121,7 @@ for split, dset in tokenized.items():
             os.remove(tmp)
         raise
     print(f"{split}.bin has {arr_len:,} tokens")
-enc = gpt2_encoding()
-write_meta(args.out_dir, {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token})
+write_meta(args.out_dir, meta)
 
 # train.bin is ~17GB, val.bin ~8.5MB
 # train has ~9B tokens (9,035,582,198)

@@ -1,8 +1,11 @@
 """
-Prepare the tiny Shakespeare dataset with GPT-2's BPE tokenizer. Writes train.bin and val.bin (uint16
-token ids) and meta.json.
+Prepare the tiny Shakespeare dataset with GPT-2's BPE tokenizer, or with a Hugging Face `tokenizers` BPE
+trained on its own text, or with any tokenizer.json. Writes train.bin and val.bin (token ids, uint16 for
+vocabularies up to 65,536, else uint32) and meta.json (plus tokenizer.json for the last two).
 
     python data/shakespeare/prepare.py [--input input.txt] [--out_dir data/shakespeare]
+    python data/shakespeare/prepare.py --tokenizer=train --vocab_size=4096 --out_dir data/shakespeare_bpe
+    python data/shakespeare/prepare.py --tokenizer=path/to/tokenizer.json --out_dir data/shakespeare_mytok
 """
 import argparse
 import os
@@ -14,7 +17,7 @@ import errors
 from atomic import atomic_write
 from datafiles import write_meta, write_tokens
 from errors import UserError
-from tokenizer import gpt2_encoding
+from tokenizer import dataset_tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
@@ -22,6 +25,9 @@ errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
 parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+parser.add_argument("--tokenizer", default="gpt2",
+                    help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
+parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
 args = parser.parse_args()
 os.makedirs(args.out_dir, exist_ok=True)
 
@@ -49,19 +55,19 @@ n = len(data)
 train_data = data[:int(n * 0.9)]
 val_data = data[int(n * 0.9):]
 
-# encode with tiktoken gpt2 bpe; encode_ordinary treats a literal "<|endoftext|>" in the text as plain text
-enc = gpt2_encoding()
-train_ids = enc.encode_ordinary(train_data)
-val_ids = enc.encode_ordinary(val_data)
+# encode (GPT-2 BPE by default); encode_ordinary treats a literal "<|endoftext|>" in the text as plain text
+tok, meta = dataset_tokenizer(args.tokenizer, args.out_dir, lambda: [train_data], args.vocab_size)
+train_ids = tok.encode_ordinary(train_data)
+val_ids = tok.encode_ordinary(val_data)
 print(f"train has {len(train_ids):,} tokens")
 print(f"val has {len(val_ids):,} tokens")
 if not train_ids or not val_ids:
     raise UserError(f"{input_file_path} is too short to give both a train and a val split any tokens")
 
 # export to bin files, then meta.json last: a folder with meta.json is a finished dataset
-write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, "uint16")
-write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, "uint16")
-write_meta(args.out_dir, {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token})
+write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, meta["dtype"])
+write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, meta["dtype"])
+write_meta(args.out_dir, meta)
 
 # train.bin has 301,966 tokens
 # val.bin has 36,059 tokens

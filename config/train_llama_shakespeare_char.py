@@ -1,0 +1,37 @@
+# a miniature character-level shakespeare model, LLaMA-style: rotary positions, RMSNorm, SwiGLU, grouped-query
+# attention, untied embeddings, no biases; the same size and budget as config/train_shakespeare_char.py
+# $ python train.py config/train_llama_shakespeare_char.py
+
+out_dir = 'out-llama-shakespeare-char'
+eval_interval = 250  # keep frequent because we'll overfit
+eval_iters = 200
+log_interval = 10
+
+# we expect to overfit on this small dataset, so only save when val improves
+always_save_checkpoint = False
+
+wandb_log = False
+wandb_project = 'shakespeare-char'
+wandb_run_name = 'mini-llama'
+
+dataset = 'shakespeare_char'
+gradient_accumulation_steps = 1
+batch_size = 64
+block_size = 256  # context of up to 256 previous characters: 16,384 tokens per step
+
+family = 'llama'
+n_layer = 6
+n_head = 6
+n_kv_head = 2  # each key/value head serves 3 query heads
+n_embd = 384  # SwiGLU hidden size: 8/3 x 384 = 1024
+tie_embeddings = False
+bias = False
+dropout = 0.2
+
+# a token budget instead of an iteration count: 5000 steps of 16,384 tokens; warm up over the first 100,
+# and the cosine decay ends with the budget
+learning_rate = 1e-3
+max_tokens = 81_920_000
+warmup_tokens = 1_638_400
+min_lr = 1e-4
+beta2 = 0.99  # make a bit bigger because number of tokens per iter is small

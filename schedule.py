@@ -1,0 +1,52 @@
+"""
+The learning-rate schedule (linear warmup, then cosine decay to min_lr) and the token budget: max_tokens,
+warmup_tokens and lr_decay_tokens turned into the iteration counts that the schedule and the loop use.
+"""
+import math
+
+from errors import UserError
+
+# (iterations setting, tokens setting) pairs: a run sets one of each, the tokens one wins when given
+PAIRS = (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'), ('lr_decay_iters', 'lr_decay_tokens'))
+
+
+def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
+    """Cosine with warmup: linear up for warmup_iters steps (never 0 at step 0), cosine down to min_lr at
+    lr_decay_iters, min_lr after."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it >= lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # coeff ranges 0..1
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def iterations(config, tokens_per_iter, defaults, verbose=True):
+    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes
+    ceil(tokens / tokens_per_iter) iterations (so a run stops at the first step that reaches max_tokens).
+    Its *_iters twin must then be left at its default (`defaults`) or 0; both given is an error. With
+    max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~= max_iters."""
+    out = {}
+    for iters_key, tokens_key in PAIRS:
+        n, tokens = config[iters_key], config[tokens_key]
+        if n < 0 or tokens < 0:
+            raise UserError(f"{iters_key} and {tokens_key} cannot be negative (got {n}, {tokens})")
+        if tokens > 0:
+            if n not in (0, defaults[iters_key]):
+                raise UserError(f"{iters_key}={n} and {tokens_key}={tokens} are both set: give one "
+                                f"(--{iters_key}=0 to use {tokens_key})")
+            n = math.ceil(tokens / tokens_per_iter)
+            if verbose:
+                print(f"{tokens_key}={tokens:,} -> {iters_key}={n:,} ({tokens_per_iter:,} tokens per iteration)")
+        out[iters_key] = n
+    if config['max_tokens'] and not config['lr_decay_tokens'] and config['lr_decay_iters'] in (0, defaults['lr_decay_iters']):
+        out['lr_decay_iters'] = out['max_iters']
+        if verbose:
+            print(f"lr_decay_iters={out['max_iters']:,} (the end of max_tokens)")
+    return out['max_iters'], out['warmup_iters'], out['lr_decay_iters']
+
+
+def crossed(iter_num, tokens_per_iter, every):
+    """Whether the tokens seen after iter_num steps passed a multiple of `every` during the last step."""
+    return every > 0 and iter_num > 0 and iter_num * tokens_per_iter // every > (iter_num - 1) * tokens_per_iter // every

@@ -1,0 +1,208 @@
+"""
+The live dashboard: the server's incremental /log answers, `python dashboard.py` on a run folder, and the page
+in a real browser (headless Chromium through playwright) during a CPU training run with dashboard=True: its
+charts show the run's points and grow as training goes on. The screenshot is kept as a test artifact, in
+$TEST_ARTIFACTS or else out-test-artifacts/ at the top of the repository.
+"""
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+import dashboard
+from datafiles import write_meta, write_tokens
+from errors import UserError
+from tokenizer import char_meta, get_tokenizer
+from trainlog import read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")
+# goes on until the test stops it (SIGTERM: checkpoint and exit), however fast or slow this machine is
+TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
+             learning_rate=3e-3, eval_interval=20, eval_iters=2, log_interval=5, warmup_iters=10,
+             lr_decay_iters=1000, max_iters=100000, dropout=0.0, compile=False, device="cpu", dtype="float32",
+             sample_interval=20, num_samples_train=2, sample_max_tokens=24, sample_prompt="ROMEO:")
+
+
+def start(args, marker):
+    """Popen a script with its output read by a thread; returns (process, the first line holding marker,
+    a list that keeps every line)."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines, found = [], queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                found.put(line)
+        found.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = found.get(timeout=120)
+    except queue.Empty:
+        line = None
+    if line is None:
+        proc.kill()
+        pytest.fail(f"no '{marker}' line from {args[0]}:\n" + "".join(lines)[-3000:])
+    return proc, line, lines
+
+
+def url_in(line):
+    return line[line.index("http://"):].split()[0]
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+@pytest.fixture(scope="module")
+def char_data(shakespeare_text_path, tmp_path_factory):
+    d = tmp_path_factory.mktemp("dashboard_data")
+    with open(shakespeare_text_path) as f:
+        text = f.read()
+    meta = char_meta(text)
+    write_meta(d, meta)
+    ids = get_tokenizer(meta).encode(text[:100000])
+    write_tokens(d / "train.bin", ids[:90000])
+    write_tokens(d / "val.bin", ids[90000:])
+    return d
+
+
+def test_log_is_served_in_complete_rows_from_an_offset(tmp_path, monkeypatch):
+    path = tmp_path / "log.jsonl"
+    rows = [{"kind": "train", "step": i, "tokens": 10 * i, "loss": 1.0} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "tra')  # a row being written
+    first = dashboard.read_rows(path, 0)
+    assert first["rows"] == rows and not first["reset"] and not first["more"]
+    assert dashboard.read_rows(path, first["offset"])["rows"] == []
+    with open(path, "a") as f:
+        f.write('in", "step": 3}\n')
+    assert dashboard.read_rows(path, first["offset"])["rows"] == [{"kind": "train", "step": 3}]
+    # a resumed run cut the log back: everything again, from the start
+    path.write_text(json.dumps(rows[0]) + "\n")
+    again = dashboard.read_rows(path, first["offset"])
+    assert again["reset"] and again["rows"] == rows[:1]
+    # a long log comes in chunks of whole rows
+    monkeypatch.setattr(dashboard, "MAX_CHUNK", 100)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows * 5))
+    offset, got = 0, []
+    while True:
+        answer = dashboard.read_rows(path, offset)
+        got += answer["rows"]
+        offset = answer["offset"]
+        if not answer["more"]:
+            break
+    assert got == rows * 5
+    assert dashboard.read_rows(tmp_path / "missing.jsonl", 0) == {"offset": 0, "rows": [], "more": False, "reset": False}
+
+
+def test_dashboard_script_serves_a_finished_run(tmp_path):
+    rows = [{"kind": "train", "step": 0, "tokens": 64, "loss": 4.1}, {"kind": "eval", "step": 0, "val_loss": 4.2}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc, line, lines = start(["dashboard.py", f"--out_dir={tmp_path}", "--port=0"], "http://127.0.0.1:")
+    try:
+        url = url_in(line)
+        answer = json.loads(get(url + "log?offset=0"))
+        assert answer["rows"] == rows and answer["run"] == tmp_path.name
+        assert b"uPlot.iife.min.js" in get(url) and b"uPlot" in get(url + "uPlot.iife.min.js")
+        with pytest.raises(urllib.error.HTTPError):
+            get(url + "../dashboard.py")
+        # a second server on the same port is a one-line error
+        with pytest.raises(UserError, match="cannot listen on 127.0.0.1"):
+            dashboard.start_dashboard(tmp_path, int(url.rsplit(":", 1)[1].strip("/")))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def browser_or_skip():
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    return pytest.importorskip("playwright.sync_api", reason="pip install playwright").sync_playwright
+
+
+def launch(p):
+    return p.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run", "--disable-sync"])
+
+
+def test_page_charts_mfu_and_hellaswag_when_the_log_has_them(tmp_path):
+    sync_playwright = browser_or_skip()
+    from test_plot import write_log
+    write_log(tmp_path, hellaswag=True)  # a GPU run's log: MFU from step 50, HellaSwag at every evaluation
+    server = dashboard.start_dashboard(tmp_path, 0)
+    try:
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page()
+            page.goto(dashboard.url(server))
+            page.wait_for_function("document.getElementById('hellaswag')", timeout=30000)
+            points = page.evaluate("Object.fromEntries([...document.querySelectorAll('.card[data-points]')]"
+                                   ".map(c => [c.id, +c.dataset.points]))")
+            # 21 train rows (MFU from 16 of them), 5 evaluations
+            assert points == {"loss-step": 21 + 2 * 5, "loss-tokens": 21 + 2 * 5, "lr": 21, "tokens-per-s": 21,
+                              "mfu": 16, "hellaswag": 2 * 5}
+            assert page.evaluate("dashboard.plots.mfu.data[1].filter(v => v != null)[0]") == pytest.approx(31)
+            browser.close()
+    finally:
+        server.shutdown()
+
+
+def test_live_page_in_headless_chromium(char_data, tmp_path):
+    sync_playwright = browser_or_skip()
+    out_dir = tmp_path / "out"
+    args = ["train.py", f"--data_dir={char_data}", "--dataset=chars", f"--out_dir={out_dir}", "--dashboard=True",
+            "--dashboard_port=0", *[f"--{k}={v}" for k, v in TRAIN.items()]]
+    proc, line, lines = start(args, "dashboard: http://127.0.0.1:")
+    try:
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url_in(line))
+            count = lambda: page.evaluate("[+document.body.dataset.trainRows || 0, +document.body.dataset.evalRows || 0]")
+            page.wait_for_function("+document.body.dataset.trainRows > 0", timeout=60000)
+            first_train, _ = count()
+            # live: more rows arrive without reloading, evaluations and samples among them
+            page.wait_for_function(f"+document.body.dataset.trainRows >= {first_train + 3} && "
+                                   f"+document.body.dataset.evalRows >= 2 && document.body.dataset.samplesStep !== ''",
+                                   timeout=90000)
+            shown = page.evaluate("dashboard.rows.train.map(r => r.step)")
+            log = read_log(out_dir)
+            assert shown == [r["step"] for r in log if r["kind"] == "train"][:len(shown)]
+            # every chart of a CPU run, and the points it plotted (read at one moment: the page goes on)
+            charts, train_rows, eval_rows = page.evaluate("""[Object.fromEntries(Object.entries(dashboard.plots)
+                .map(([id, u]) => [id, {x: u.data[0].length, points: +document.getElementById(id).dataset.points,
+                                        canvas: !!document.querySelector('#' + id + ' canvas')}])),
+                dashboard.rows.train.length, dashboard.rows.eval.length]""")
+            assert set(charts) == {"loss-step", "loss-tokens", "lr", "tokens-per-s"}, charts  # no MFU on a CPU
+            assert all(c["canvas"] and c["points"] > 0 for c in charts.values()), charts
+            # loss vs step: a loss per train row, and a train and a val loss per evaluation
+            assert charts["loss-step"]["points"] == train_rows + 2 * eval_rows
+            assert charts["lr"]["points"] == charts["lr"]["x"] == train_rows
+            samples = page.inner_text("#samples")
+            assert "ROMEO:" in samples
+            page.wait_for_function(f"+document.body.dataset.trainRows > {train_rows}", timeout=60000)  # still live
+            os.makedirs(ARTIFACTS, exist_ok=True)
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            shutil.copy(shot, os.path.join(ARTIFACTS, "dashboard.png"))
+            assert shot.stat().st_size > 10000
+            browser.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, exit
+        proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(lines)[-3000:]
+    assert os.path.exists(out_dir / "ckpt.pt")

@@ -1,0 +1,193 @@
+"""
+The llama family: transformers' LlamaForCausalLM loads into GPT with the same logits and exports back to it,
+KV-cache generation with grouped-query attention, the model's helpers, checkpoints, and a training run of
+config/train_llama_shakespeare_char.py (shrunk), resumed, that sample.py then reads with nothing else.
+"""
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hf_convert
+from checkpoint import model_from_checkpoint
+from errors import UserError
+from model import NANOGPT_ARGS, GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+STEP_RE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """As ENV, for the models run in this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(**kw):
+    cfg = dict(family="llama", block_size=32, vocab_size=101, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+               dropout=0.0, bias=False, tie_embeddings=False)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg))
+
+
+def perturb_norms(model):
+    """A fresh model's norm gains are all 1 and its biases 0, so a swapped or missing one would go unseen."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def llama_config(transformers, tie=False, bias=False):
+    return transformers.LlamaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+        tie_word_embeddings=tie, attention_bias=bias, mlp_bias=bias)
+
+
+@pytest.mark.parametrize("tie, bias", [(False, False), (True, True)])
+def test_transformers_llama_loads_with_the_same_logits(tmp_path, tie, bias):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = perturb_norms(transformers.LlamaForCausalLM(llama_config(transformers, tie, bias))).eval()
+    hf.save_pretrained(tmp_path)
+    model = GPT.from_pretrained(str(tmp_path)).eval()  # reads the folder's model_type
+    cfg = model.config
+    assert (cfg.family, cfg.n_kv_head, cfg.mlp_hidden, cfg.rope_theta, cfg.tie_embeddings, cfg.bias) == \
+           ("llama", 2, 160, 500000.0, tie, bias)
+    assert "wpe" not in model.transformer
+    idx = torch.randint(0, 300, (2, 50))
+    with torch.no_grad():
+        ours, _ = model(idx, idx)
+        theirs = hf(idx).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_export_gives_the_same_logits_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = perturb_norms(tiny(vocab_size=300, n_embd=64, block_size=64, rope_theta=500000.0)).eval()
+    config, state_dict = hf_convert.to_hf_llama(model)
+    hf = transformers.LlamaForCausalLM(config)
+    hf.load_state_dict(state_dict, strict=True)
+    hf.save_pretrained(tmp_path)  # and back from disk, as a user would load it
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert (hf.config.num_key_value_heads, hf.config.intermediate_size) == (2, model.config.mlp_hidden)
+    idx = torch.randint(0, 300, (2, 50))
+    with torch.no_grad():
+        ours, _ = model(idx, idx)
+        theirs = hf(idx).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+    with pytest.raises(UserError, match="llama-family"):
+        hf_convert.to_hf_llama(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, block_size=8)))
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 31])
+def test_kv_cache_greedy_generation_matches_uncached_with_gqa(prompt_len):
+    model = tiny().eval()
+    idx = torch.randint(0, 101, (2, prompt_len))
+    # 40 new tokens runs past block_size=32: the cropped window is recomputed, as without the cache
+    cached = model.generate(idx, 40, temperature=0, use_cache=True)
+    plain = model.generate(idx, 40, temperature=0, use_cache=False)
+    assert cached.shape == (2, prompt_len + 40)
+    assert torch.equal(cached, plain)
+
+
+def test_the_cache_holds_the_key_value_heads_only():
+    from model import KVCache
+    model = tiny(n_head=4, n_kv_head=1).eval()
+    cache = KVCache(model.config.n_layer, 16)
+    with torch.no_grad():
+        model(torch.randint(0, 101, (3, 5)), cache=cache)
+    k, v = cache.kv[0]
+    assert k.shape == v.shape == (3, 1, 16, 8) and cache.pos == 5
+
+
+def test_helpers_work_for_llama():
+    model = tiny()
+    n = sum(p.numel() for p in model.parameters())
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    assert model.get_num_params(non_embedding=False) == n
+    assert model.get_num_params() == n - 101 * 32  # the input table is only looked up; lm_head counts
+    assert tiny(tie_embeddings=True).get_num_params() == n - 101 * 32  # tied: one table, counted once
+    flops = model.flops_per_token() * 32 * 4
+    assert model.estimate_mfu(4, 0.1, peak_flops=1e12) == pytest.approx(flops / 0.1 / 1e12)
+    decay, nodecay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+    assert len(nodecay["params"]) == 2 * 2 + 1  # the RMSNorm gains: two per block, and ln_f
+    assert len(decay["params"]) + len(nodecay["params"]) == len(list(model.parameters()))
+    model.crop_block_size(16)
+    assert model.config.block_size == 16
+    assert model.eval().generate(torch.randint(0, 101, (1, 4)), 20, temperature=0).shape == (1, 24)
+    with pytest.raises(AssertionError):
+        model(torch.randint(0, 101, (1, 17)))
+
+
+def test_config_defaults_and_errors():
+    for n_embd, hidden in [(384, 1024), (2048, 5504), (4096, 10944)]:  # 8/3 x n_embd, up to a multiple of 64
+        assert GPTConfig(family="llama", n_embd=n_embd, n_head=8).mlp_hidden == hidden
+    assert GPTConfig(n_embd=64, n_head=4).mlp_hidden == 256 and GPTConfig(n_head=4).n_kv_head == 4
+    with pytest.raises(UserError, match="unknown model family"):
+        GPTConfig(family="lama")
+    with pytest.raises(UserError, match="n_kv_head"):
+        GPTConfig(n_head=6, n_kv_head=4, n_embd=48)
+
+
+def test_checkpoints_record_the_family_and_old_ones_are_gpt2():
+    gpt2 = GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=50, block_size=8, bias=False)
+    assert set(gpt2.checkpoint_args()) == set(NANOGPT_ARGS)  # nanoGPT can still read ours
+    model = tiny()
+    args = model.config.checkpoint_args()
+    assert args["family"] == "llama" and args["n_kv_head"] == 2 and args["tie_embeddings"] is False
+    loaded = model_from_checkpoint({"model": model.state_dict(), "model_args": args})
+    idx = torch.randint(0, 101, (2, 10))
+    torch.testing.assert_close(loaded(idx)[0], model(idx)[0], rtol=0, atol=0)
+    # nanoGPT's model_args have none of the new keys: GPT-2, whose state dict keys are nanoGPT's
+    old = GPT(GPTConfig(**gpt2.checkpoint_args()))
+    assert old.config.family == "gpt2" and "transformer.wpe.weight" in old.state_dict()
+    assert old.lm_head.weight is old.transformer.wte.weight
+
+
+def run(script, *args):
+    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stdout
+
+
+def test_llama_trains_on_shakespeare_char_resumes_and_samples(shakespeare_text_path, tmp_path):
+    data_dir, out_dir = tmp_path / "data", tmp_path / "out"
+    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", shakespeare_text_path, "--out_dir", data_dir)
+    # the config file, shrunk to a CPU run of steps of 512 tokens: 100 steps, then resumed to 150
+    train = lambda steps, *more: run(
+        "train.py", "config/train_llama_shakespeare_char.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+        "--n_layer=2", "--n_head=4", "--n_kv_head=2", "--n_embd=64", "--block_size=32", "--batch_size=16",
+        "--dropout=0.0", "--learning_rate=2e-3", f"--max_tokens={steps * 512}", f"--warmup_tokens={10 * 512}",
+        "--lr_decay_tokens=76800", "--eval_interval=50", "--eval_iters=10", "--log_interval=50",
+        "--compile=False", "--device=cpu", "--dtype=float32", *more)
+    log = train(100)
+    assert "max_tokens=51,200 -> max_iters=100" in log
+    resumed = train(150, "--init_from=resume")
+    assert "Resuming training from" in resumed
+    evals = [(int(n), float(v)) for n, _, v in STEP_RE.findall(log + resumed)]
+    assert [n for n, _ in evals] == [0, 50, 100, 150], (log + resumed)[-2000:]
+    assert abs(evals[0][1] - math.log(65)) < 0.2
+    assert all(b[1] < a[1] for a, b in zip(evals, evals[1:])) and evals[-1][1] < 2.7, evals
+    ckpt = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert ckpt["iter_num"] == 150
+    assert ckpt["model_args"]["family"] == "llama" and ckpt["model_args"]["tie_embeddings"] is False
+    out = run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=1", "--max_new_tokens=60")
+    assert "tokenizer: char (65 tokens)" in out
+    text = out.split("tokenizer: char (65 tokens)\n", 1)[1].split("\n---------------\n")[0]
+    with open(shakespeare_text_path, encoding="utf-8") as f:
+        assert len(text) == 61 and set(text) <= set(f.read())

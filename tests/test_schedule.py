@@ -1,0 +1,113 @@
+"""
+The learning-rate schedule and the token budget: max_tokens / warmup_tokens / lr_decay_tokens give the same
+run as the iteration settings they stand for, stop at the right step, and are logged with the percent done;
+ckpt_every_tokens keeps checkpoints named with tokens and val loss, the last keep_last of them.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import schedule
+from checkpoint import load_checkpoint
+from datafiles import write_meta, write_tokens
+from errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, gradient_accumulation_steps=1,
+            eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
+            compile=False, device="cpu", dtype="float32", dataset="tiny")
+TOKENS_PER_ITER = 4 * 16
+# one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+DEFAULTS = dict(max_iters=600000, warmup_iters=2000, lr_decay_iters=600000)
+
+
+def settings(**kw):
+    return {**DEFAULTS, "max_tokens": 0, "warmup_tokens": 0, "lr_decay_tokens": 0, **kw}
+
+
+def test_get_lr_warms_up_decays_and_stays_at_min_lr():
+    lr = lambda it: schedule.get_lr(it, 1.0, 0.1, 10, 110)
+    assert lr(0) == pytest.approx(1 / 11) and lr(9) == pytest.approx(10 / 11)
+    assert lr(10) == pytest.approx(1.0) and lr(60) == pytest.approx(0.55) and lr(110) == lr(500) == 0.1
+
+
+def test_tokens_become_iterations():
+    it = lambda **kw: schedule.iterations(settings(**kw), 1000, DEFAULTS, verbose=False)
+    assert it() == (600000, 2000, 600000)  # nothing in tokens: the iteration settings as they are
+    assert it(max_iters=50, lr_decay_iters=40) == (50, 2000, 40)
+    # the budget rounds up (the run stops at the first step that reaches it); the decay ends with it
+    assert it(max_tokens=10_500) == (11, 2000, 11)
+    assert it(max_tokens=10_000, warmup_tokens=2000, lr_decay_tokens=8000) == (10, 2, 8)
+    assert it(max_tokens=10_000, lr_decay_iters=7, warmup_iters=1) == (10, 1, 7)  # iterations may mix in
+    assert it(max_tokens=10_000, max_iters=0, lr_decay_iters=0) == (10, 2000, 10)
+    with pytest.raises(UserError, match="max_iters=50 and max_tokens=10000 are both set"):
+        it(max_tokens=10_000, max_iters=50)
+    with pytest.raises(UserError, match="warmup_iters=5 and warmup_tokens"):
+        it(warmup_tokens=10, warmup_iters=5)
+    with pytest.raises(UserError, match="negative"):
+        it(max_tokens=-1)
+
+
+def test_crossed_marks_the_first_step_past_each_multiple():
+    steps = [n for n in range(20) if schedule.crossed(n, 64, 200)]
+    assert steps == [4, 7, 10, 13, 16, 19]  # 256, 448, 640, 832, 1024, 1216 tokens seen
+    assert [n for n in range(5) if schedule.crossed(n, 100, 100)] == [1, 2, 3, 4]
+    assert not any(schedule.crossed(n, 64, 0) for n in range(10))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    itos = list("abcdefghijklmnop")
+    pattern = [(i * 5 + i // 16) % 16 for i in range(4000)]  # learnable, not constant
+    write_tokens(d / "train.bin", pattern)
+    write_tokens(d / "val.bin", pattern[:600])
+    write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": itos})
+    return d
+
+
+def train(data_dir, out_dir, **kw):
+    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+    return subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def rows(out_dir, kind):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [row for row in map(json.loads, f) if row["kind"] == kind]
+
+
+def test_a_token_budget_runs_the_same_schedule_and_keeps_checkpoints(data_dir, tmp_path):
+    by_iters, by_tokens = tmp_path / "iters", tmp_path / "tokens"
+    a = train(data_dir, by_iters, max_iters=12, warmup_iters=3, lr_decay_iters=12)
+    # 12 steps of 64 tokens cover a budget of 758; warm-up 3 steps; the decay ends with the budget
+    b = train(data_dir, by_tokens, max_tokens=12 * TOKENS_PER_ITER - 10, warmup_tokens=3 * TOKENS_PER_ITER,
+              ckpt_every_tokens=200, keep_last=2)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
+    assert "max_tokens=758 -> max_iters=12" in b.stdout and "warmup_tokens=192 -> warmup_iters=3" in b.stdout
+    train_a, train_b = rows(by_iters, "train"), rows(by_tokens, "train")
+    assert [r["step"] for r in train_b] == list(range(12))  # stopped at the step that reached the budget
+    assert [(r["lr"], r["loss"], r["tokens"]) for r in train_a] == [(r["lr"], r["loss"], r["tokens"]) for r in train_b]
+    assert [r["percent"] for r in train_b] == pytest.approx([100 * (n + 1) / 12 for n in range(12)])
+    assert re.search(r"^iter 11: .*, 768 tokens \(100\.0%\)$", b.stdout, re.M), b.stdout[-1500:]
+    # a checkpoint at the first step past each 200 tokens (steps 4, 7, 10), after an evaluation for its name;
+    # the last two kept, beside ckpt.pt
+    evals = {r["step"]: r for r in rows(by_tokens, "eval")}
+    assert sorted(evals) == [0, 4, 7, 10, 12] and evals[12]["percent"] == 100.0
+    kept = sorted(f for f in os.listdir(by_tokens) if f.startswith("ckpt-tok"))
+    assert kept == [f"ckpt-tok{t}-val{evals[s]['val_loss']:.4f}.pt" for t, s in ((448, 7), (640, 10))]
+    ckpt = load_checkpoint(str(by_tokens / kept[-1]))
+    assert ckpt["iter_num"] == 10 and len(ckpt["rng"]) == 1
+    assert load_checkpoint(str(by_tokens / "ckpt.pt"))["iter_num"] == 12
+
+
+def test_both_settings_given_is_one_line(data_dir, tmp_path):
+    r = train(data_dir, tmp_path / "out", max_iters=50, max_tokens=1000)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "error: max_iters=50 and max_tokens=1000 are both set: give one (--max_iters=0 " \
+                               "to use max_tokens)"

@@ -1,0 +1,123 @@
+"""
+wandb_log=True, for real: the wandb package in offline mode (no account, no network) records the config and
+every row of the training log under stable names, and a resumed run goes on in the same wandb run. The
+offline run folders are read back with `wandb leet inspect --json`, wandb's own reader of its .wandb files.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from datafiles import write_meta, write_tokens
+from tokenizer import char_meta, get_tokenizer
+from trainlog import read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
+            eval_interval=3, eval_iters=2, warmup_iters=2, lr_decay_iters=12, learning_rate=3e-3, dropout=0.0,
+            compile=False, device="cpu", dtype="float32", log_interval=1, dataset="chars", wandb_log=True,
+            wandb_project="nanogpt-test", wandb_run_name="tiny", hellaswag_interval=3, sample_interval=3,
+            num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")
+HELLASWAG = {"ind": 0, "activity_label": "Cooking", "ctx_a": "A man is in a kitchen.", "ctx_b": "he",
+             "ctx": "A man is in a kitchen. he", "split": "val", "split_type": "indomain", "label": 0,
+             "endings": ["cuts an onion.", "sings.", "sleeps.", "opens the fridge."], "source_id": "x~0"}
+
+
+@pytest.fixture(scope="module")
+def chars(tmp_path_factory, shakespeare_text_path):
+    """A character dataset whose characters cover the HellaSwag example's too."""
+    d = tmp_path_factory.mktemp("wandb_chars")
+    with open(shakespeare_text_path) as f:
+        text = f.read()[:20000]
+    meta = char_meta(text + json.dumps(HELLASWAG))
+    write_meta(d, meta)
+    ids = get_tokenizer(meta).encode(text)
+    write_tokens(d / "train.bin", ids[:18000])
+    write_tokens(d / "val.bin", ids[18000:])
+    (d / "hellaswag_val.jsonl").write_text(json.dumps(HELLASWAG) + "\n")
+    return d
+
+
+def train(data_dir, out_dir, wandb_dir, **kw):
+    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
+    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+                        f"--hellaswag_path={data_dir / 'hellaswag_val.jsonl'}", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def records(run_folder):
+    """Every record of an offline run's .wandb file, as JSON."""
+    (path,) = glob.glob(os.path.join(run_folder, "*.wandb"))
+    r = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", path],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 and "No such command" in r.stderr:
+        pytest.skip("this wandb has no `wandb leet inspect` to read offline runs with")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+
+
+def history(recs):
+    return [rec["history"]["item"] for rec in recs if rec["type"] == "history"]
+
+
+def config(recs):
+    out = {}
+    for rec in recs:
+        if rec["type"] == "run":
+            out.update(rec["run"].get("config", {}).get("update", {}))
+        elif rec["type"] == "config":
+            out.update(rec["config"].get("update", {}))
+    return out
+
+
+def test_wandb_offline_run_holds_the_config_and_every_metric_and_resumes(chars, tmp_path):
+    out_dir, wandb_dir = tmp_path / "out", tmp_path / "wandb"
+    train(chars, out_dir, wandb_dir, max_iters=6)
+    (first,) = glob.glob(str(wandb_dir / "wandb" / "offline-run-*"))
+    run_id = torch.load(out_dir / "ckpt.pt", weights_only=True)["wandb_run_id"]
+    assert first.endswith(run_id)
+    recs = records(first)
+    (run,) = [rec["run"] for rec in recs if rec["type"] == "run"]
+    assert run["run_id"] == run_id and run["project"] == "nanogpt-test" and run["display_name"] == "tiny"
+    cfg = config(recs)
+    assert cfg["dataset"] == "chars" and cfg["n_layer"] == 2 and cfg["max_iters"] == 6 and cfg["wandb_log"] is True
+
+    # every train row, under its stable names, with the log's own numbers
+    log = read_log(out_dir)
+    logged = {h["step"]: h for h in history(recs) if "train/loss" in h}
+    train_rows = [r for r in log if r["kind"] == "train"]
+    assert sorted(logged) == [r["step"] for r in train_rows] == list(range(6))
+    for r in train_rows:
+        h = logged[r["step"]]
+        assert (h["train/loss"], h["lr"], h["grad_norm"], h["tokens_per_s"], h["tokens"]) == \
+               (r["loss"], r["lr"], r["grad_norm"], r["tokens_per_s"], r["tokens"])
+        assert "mfu" not in h  # null on a CPU: left out, not logged as 0
+    evals = {h["step"]: h for h in history(recs) if "val/loss" in h}
+    assert sorted(evals) == [0, 3, 6]
+    for r in (r for r in log if r["kind"] == "eval"):
+        h = evals[r["step"]]
+        assert (h["val/loss"], h["eval/train_loss"], h["val/perplexity"], h["hellaswag/acc_norm"], h["hellaswag/acc"]) \
+               == (r["val_loss"], r["train_loss"], r["perplexity"], r["hellaswag"], r["hellaswag_acc"])
+    # the samples, as a table each time
+    assert [h["step"] for h in history(recs) if h.get("samples._type") == "table-file"] == [0, 3, 6]
+    for path in glob.glob(os.path.join(first, "files", "media", "table", "samples_*.table.json")):
+        with open(path) as f:
+            table = json.load(f)
+        assert table["columns"] == ["step", "text"] and len(table["data"]) == 2
+        assert all(text.startswith("ROMEO:") for _, text in table["data"])
+
+    # resumed: the same wandb run goes on (a second offline folder with the same id, for `wandb sync`)
+    train(chars, out_dir, wandb_dir, max_iters=9, init_from="resume")
+    (second,) = set(glob.glob(str(wandb_dir / "wandb" / "offline-run-*"))) - {first}
+    assert second.endswith(run_id)
+    assert torch.load(out_dir / "ckpt.pt", weights_only=True)["wandb_run_id"] == run_id
+    recs = records(second)
+    assert [h["step"] for h in history(recs) if "train/loss" in h] == [6, 7, 8]
+    assert [h["step"] for h in history(recs) if "val/loss" in h] == [9]
+    assert config(recs)["max_iters"] == 9
