@@ -27,7 +27,7 @@ def _key_map(cfg):
                 (ours + f"attn.c_attn.{kind}", [(theirs + f"self_attn.{p}_proj.{kind}", n)
                                                 for p, n in (("q", C), ("k", kv), ("v", kv))]),
                 (ours + f"attn.c_proj.{kind}", [(theirs + f"self_attn.o_proj.{kind}", C)]),
-                (ours + f"mlp.c_fc.{kind}", [(theirs + f"mlp.gate_proj.{kind}", H), (theirs + f"mlp.up_proj.{kind}", H)]),
+                (ours + f"mlp.c_fc.{kind}", [(theirs + f"mlp.{p}_proj.{kind}", H) for p in ("gate", "up")]),
                 (ours + f"mlp.c_proj.{kind}", [(theirs + f"mlp.down_proj.{kind}", C)]),
             ]
     return pairs

@@ -35,7 +35,7 @@ class GPTConfig:
     # the fields below are not nanoGPT's: a checkpoint records them only where they differ from these defaults
     family: str = 'gpt2'  # 'gpt2': learned positions, LayerNorm, GELU MLP; 'llama': RoPE, RMSNorm, SwiGLU MLP
     n_kv_head: int = 0  # key/value heads, fewer than n_head for grouped-query attention (0: n_head)
-    mlp_hidden: int = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
+    mlp_hidden: int = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd up to a multiple of 64 for llama)
     rope_theta: float = 10000.0  # llama: base of the rotary position embeddings' frequencies
     tie_embeddings: bool = True  # the output projection is the token embedding (GPT-2 ties them, LLaMA does not)
     norm_eps: float = 1e-5  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
@@ -240,7 +240,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
-            # weight tying: the output projection is the token embedding (https://paperswithcode.com/method/weight-tying)
+            # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)

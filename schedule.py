@@ -40,7 +40,8 @@ def iterations(config, tokens_per_iter, defaults, verbose=True):
             if verbose:
                 print(f"{tokens_key}={tokens:,} -> {iters_key}={n:,} ({tokens_per_iter:,} tokens per iteration)")
         out[iters_key] = n
-    if config['max_tokens'] and not config['lr_decay_tokens'] and config['lr_decay_iters'] in (0, defaults['lr_decay_iters']):
+    decay_given = config['lr_decay_tokens'] or config['lr_decay_iters'] not in (0, defaults['lr_decay_iters'])
+    if config['max_tokens'] and not decay_given:
         out['lr_decay_iters'] = out['max_iters']
         if verbose:
             print(f"lr_decay_iters={out['max_iters']:,} (the end of max_tokens)")
@@ -49,4 +50,5 @@ def iterations(config, tokens_per_iter, defaults, verbose=True):
 
 def crossed(iter_num, tokens_per_iter, every):
     """Whether the tokens seen after iter_num steps passed a multiple of `every` during the last step."""
-    return every > 0 and iter_num > 0 and iter_num * tokens_per_iter // every > (iter_num - 1) * tokens_per_iter // every
+    seen, before = iter_num * tokens_per_iter, (iter_num - 1) * tokens_per_iter
+    return every > 0 and iter_num > 0 and seen // every > before // every

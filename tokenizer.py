@@ -122,7 +122,8 @@ def _hf_tokenizer(tokenizer_json, where="the dataset's tokenizer"):
     try:
         return tokenizers.Tokenizer.from_str(tokenizer_json)
     except Exception as e:  # tokenizers raises plain Exceptions for malformed files
-        raise UserError(f"{where} is not a Hugging Face tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+        reason = str(e).splitlines()[0][:200]
+        raise UserError(f"{where} is not a Hugging Face tokenizers JSON file ({reason})") from None
 
 
 def _hf_vocab_size(hf):

@@ -474,8 +474,8 @@ while True:
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
         mfu_text = (f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else "") + (f", mem {mem:.1f}GiB" if mem else "")
         percent = 100 * (iter_num + 1) / max(max_iters, 1)  # of the run, once this step is done
-        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}{mfu_text}, "
-              f"{(iter_num + 1) * tokens_per_iter:,} tokens ({percent:.1f}%)")
+        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}"
+              f"{mfu_text}, {(iter_num + 1) * tokens_per_iter:,} tokens ({percent:.1f}%)")
         log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
                   loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                   mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)

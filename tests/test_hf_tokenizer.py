@@ -56,8 +56,8 @@ def bpe_data(shakespeare_text_path, tmp_path_factory):
 def trained(bpe_data, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bpe_run") / "out"
     run("train.py", f"--data_dir={bpe_data}", "--dataset=shakespeare_bpe", f"--out_dir={out_dir}", "--family=llama",
-        "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--gradient_accumulation_steps=1",
-        "--max_iters=30", "--eval_interval=30", "--eval_iters=2", "--warmup_iters=5", "--lr_decay_iters=30",
+        "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
+        "--gradient_accumulation_steps=1", "--max_iters=30", "--eval_interval=30", "--eval_iters=2", "--warmup_iters=5", "--lr_decay_iters=30",
         "--learning_rate=3e-3", "--compile=False", "--device=cpu", "--dtype=float32")
     return out_dir
 
