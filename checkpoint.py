@@ -6,6 +6,7 @@ and is read with torch.load(weights_only=True), so a checkpoint can never run co
 import os
 import pickle
 import random
+import re
 import shutil
 import tempfile
 import zipfile
@@ -175,7 +176,7 @@ def keep_numbered_copy(path, iter_num, keep):
             os.link(path, copy)
         except OSError:  # file systems without hard links
             shutil.copyfile(path, copy)
-        copies = sorted(f for f in os.listdir(folder) if f.startswith("ckpt-") and f.endswith(".pt"))
+        copies = sorted(f for f in os.listdir(folder) if re.fullmatch(r"ckpt-\d+\.pt", f))  # not ckpt-tok...
         for old in copies[:-keep]:
             os.remove(os.path.join(folder, old))
     except OSError as e:
