@@ -1,7 +1,8 @@
 """
 Benchmark the training step and generation, nanoGPT's bench.py grown up: for each micro-batch size,
 ms per step, tokens/s, MFU against the card's peak and peak memory; then generation speed with the KV
-cache. Prints a table and writes the numbers, the card, torch and the git revision to a JSON file.
+cache (bf16 weights, the decode step replayed from a CUDA graph on CUDA). Prints a table and writes
+the numbers, the card, torch and the git revision to a JSON file.
 $ python bench.py                                   # GPT-2 124M, B=12 and 32, synthetic tokens
 $ python bench.py --batch_sizes=12,32,64 --compile=False --gen_batch_sizes=1,10
 """
@@ -13,8 +14,10 @@ import time
 
 import numpy as np
 import torch
+import torch._functorch.config
 
 import configurator
+import decode
 import errors
 import hardware
 from model import GPT, GPTConfig
@@ -42,6 +45,10 @@ seed = 1337
 device = 'auto'
 dtype = 'auto'
 compile = True
+activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations in the backward to save memory
+check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
+fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
+profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
 peak_flops = 0.0  # 0: from hardware.py's table
 out_json = 'bench.json'
 # -----------------------------------------------------------------------------
@@ -54,6 +61,7 @@ device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
 ctx = hardware.autocast(device_type, dtype)
 torch.set_float32_matmul_precision('high')
+torch._functorch.config.activation_memory_budget = activation_memory_budget
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                          n_embd=n_embd, bias=bias, dropout=dropout)
 
@@ -78,9 +86,58 @@ def batches(B):
         yield xy[:, :-1], xy[:, 1:]
 
 
+def train_step(step_model, optimizer, model, data):
+    x, y = next(data)
+    with ctx:
+        _, loss = step_model(x, y)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def write_profile(B, step):
+    """Where a step's GPU time goes: torch.profiler's table of kernels, largest total first."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        sync()
+    sort = 'cuda_time_total' if device_type == 'cuda' else 'cpu_time_total'
+    path = f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
+    with open(path, 'w') as f:
+        f.write(prof.key_averages().table(sort_by=sort, row_limit=80, max_name_column_width=90))
+    print(f"wrote {path} (3 steps)")
+
+
+def check_fast_path(B):
+    """The fast path (compiled, fused loss) against the plain one (eager, lm_head + F.cross_entropy) on the
+    same weights and batch: the loss, and each parameter's gradient as a relative difference (bf16-sized)."""
+    torch.manual_seed(seed)
+    model = GPT(model_config).to(device)
+    x, y = next(batches(B))
+    out = []
+    for fast in (False, True):
+        model.fused_loss = fast
+        step_model = hardware.maybe_compile(model, compile and fast, device_type)
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            _, loss = step_model(x, y)
+        loss.backward()
+        out.append((loss.item(), [p.grad.float() for p in model.parameters()]))
+    (plain_loss, plain_grads), (fast_loss, fast_grads) = out
+    diff = max(((f - p).norm() / p.norm()).item() for f, p in zip(fast_grads, plain_grads))
+    del model, step_model
+    return dict(plain_loss=plain_loss, fast_loss=fast_loss, max_grad_rel_diff=diff)
+
+
 def bench_train(B):
     torch.manual_seed(seed)
     model = GPT(model_config).to(device)
+    model.fused_loss = fused_loss
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
@@ -91,17 +148,12 @@ def bench_train(B):
         if i == warmup_steps:
             sync()
             t0 = time.perf_counter()
-        x, y = next(data)
-        with ctx:
-            _, loss = step_model(x, y)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = train_step(step_model, optimizer, model, data)
     lossf = loss.item()  # also a sync point
     sync()
     dt = (time.perf_counter() - t0) / timed_steps
+    if profile:
+        write_profile(B, lambda: train_step(step_model, optimizer, model, data))
     mfu = model.estimate_mfu(B, dt, peak_flops or None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else None
     del model, optimizer, step_model
@@ -112,20 +164,23 @@ def bench_train(B):
 def bench_generate(B):
     torch.manual_seed(seed)
     model = GPT(model_config).to(device).eval()
+    gen_ctx = hardware.for_generation(model, device_type, dtype)  # bf16 weights on a GPU, as sample.py
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
-    with ctx:
-        model.generate(prompt, 20, top_k=top_k)  # warm-up
+    with gen_ctx:
+        # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
+        model.generate(prompt, gen_tokens, top_k=top_k)
         sync()
         t0 = time.perf_counter()
         model.generate(prompt, gen_tokens, top_k=top_k)
         sync()
         dt = time.perf_counter() - t0
-        # the cache must not change the result: greedy decoding with and without it
-        greedy = model.generate(prompt, 64, temperature=0)
-        plain = model.generate(prompt, 64, temperature=0, use_cache=False)
+        # the cache (and the graph) must not change the result: greedy decoding with and without it
+        greedy = model.generate(prompt, 128, temperature=0)
+        plain = model.generate(prompt, 128, temperature=0, use_cache=False)
+    graphs = decode.uses_graphs(model, device)
     del model
     return dict(batch_size=B, new_tokens=gen_tokens, seconds=dt, tokens_per_s=B * gen_tokens / dt,
-                greedy_matches_uncached=bool(torch.equal(greedy, plain)))
+                cuda_graph=graphs, greedy_matches_uncached=bool(torch.equal(greedy, plain)))
 
 
 def git_revision():
@@ -140,6 +195,9 @@ def git_revision():
 
 card = torch.cuda.get_device_name(device) if device_type == 'cuda' else device_type
 results = dict(card=card, torch=torch.__version__, git=git_revision(), config=config, train=[], generate=[])
+if check_batch_size:
+    results['fast_vs_plain'] = check_fast_path(check_batch_size)
+    print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
 for B in [int(b) for b in batch_sizes.split(',') if b]:
     r = bench_train(B)
     results['train'].append(r)
@@ -147,7 +205,7 @@ for B in [int(b) for b in batch_sizes.split(',') if b]:
 for B in [int(b) for b in gen_batch_sizes.split(',') if b]:
     r = bench_generate(B)
     results['generate'].append(r)
-    print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s", flush=True)
+    print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)
 with open(out_json, 'w') as f:
     json.dump(results, f, indent=1)
 
@@ -159,8 +217,9 @@ for r in results['train']:
     mem = f"{r['peak_mem_gib']:.1f} GiB" if r['peak_mem_gib'] is not None else "n/a"
     print(f"| {r['batch_size']} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} | {mem} |")
 if results['generate']:
-    print("| generate batch | new tokens | tokens/s | greedy == uncached |")
-    print("| --- | --- | --- | --- |")
+    print("| generate batch | new tokens | tokens/s | CUDA graph | greedy == uncached |")
+    print("| --- | --- | --- | --- | --- |")
     for r in results['generate']:
-        print(f"| {r['batch_size']} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} | {r['greedy_matches_uncached']} |")
+        print(f"| {r['batch_size']} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} | {r['cuda_graph']} "
+              f"| {r['greedy_matches_uncached']} |")
 print(f"wrote {out_json}")

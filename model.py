@@ -17,6 +17,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import decode
 import hardware
 from errors import UserError
 
@@ -113,24 +114,42 @@ def apply_rotary(x, cos, sin):
     return (x * cos + rotated * sin).type_as(x)
 
 
-class KVCache:
-    """Keys and values of every layer for the positions seen so far (only the key/value heads, with GQA),
-    preallocated, so generating one more token runs the model on one position instead of the whole context."""
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits = x @ weight.T (targets of -1 ignored), computed with its gradient a chunk
+    of rows at a time in the forward pass, so only one chunk's logits exist at once. The plain path keeps the
+    bf16 logits, their fp32 copy, the log-softmax and its gradient for all B x T positions: 6.6 GB each for
+    GPT-2 at B=32. Same math as lm_head + F.cross_entropy under autocast: the matmuls in the autocast dtype,
+    the softmax in fp32, the same FLOPs (the backward matmuls just run early)."""
 
-    def __init__(self, n_layer, capacity):
-        self.kv = [None] * n_layer
-        self.capacity = capacity
-        self.pos = 0  # number of positions already in the cache
+    @staticmethod
+    def forward(ctx, x, weight, targets, chunk):
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        w = weight.to(dtype)  # cast once, not once per chunk and matmul
+        valid = targets != -1
+        count = valid.sum().clamp(min=1)
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=torch.float32)
+        for i in range(0, x.size(0), chunk):
+            xs, ts, vs = x[i:i + chunk].to(dtype), targets[i:i + chunk].clamp(min=0), valid[i:i + chunk]
+            logits = (xs @ w.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += torch.where(vs, lse - logits.gather(1, ts[:, None]).squeeze(1), 0.0).sum()
+            # d loss / d logits = (softmax - one_hot(target)) / count, zero at ignored positions; the 1 / count
+            # waits for the backward, where it cannot underflow in fp16. All elementwise, so that compiled,
+            # one kernel reads the logits and writes their gradient in the matmul dtype, with no fp32 copy
+            one_hot = torch.arange(logits.size(1), device=x.device) == ts[:, None]
+            grad = ((torch.exp(logits - lse[:, None]) - one_hot.float()) * vs[:, None]).to(dtype)
+            grad_x[i:i + chunk] = grad @ w
+            grad_w += (grad.t() @ xs).float()
+        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype), count)
+        return loss / count
 
-    def update(self, layer, k, v):
-        """Store this layer's new keys/values (B, nh, T, hs) and return all of them so far."""
-        B, nh, T, hs = k.shape
-        if self.kv[layer] is None:
-            self.kv[layer] = (k.new_empty(B, nh, self.capacity, hs), v.new_empty(B, nh, self.capacity, hs))
-        ck, cv = self.kv[layer]
-        ck[:, :, self.pos:self.pos + T] = k
-        cv[:, :, self.pos:self.pos + T] = v
-        return ck[:, :, :self.pos + T], cv[:, :, :self.pos + T]
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w, count = ctx.saved_tensors
+        scale = grad_loss / count
+        return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None
 
 
 class CausalSelfAttention(nn.Module):
@@ -158,16 +177,12 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         mask, is_causal, kernels = None, True, nullcontext()
         if cache is not None:
-            # the key length changes every token, and cuDNN attention builds a new plan for each new shape
-            # (~2 ms of CPU per call on an H100, 40 ms per GPT-2 token), so generation leaves it out
+            # every prompt length is a new shape, for which cuDNN attention builds a new plan (~2 ms of CPU
+            # per call on an H100), so generation leaves it out
             kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
-            k, v = cache.update(self.layer_idx, k, v)
-            if cache.pos > 0:
-                # the new queries sit at positions pos..pos+T-1 and see every cached key up to their own;
-                # is_causal would align the mask to the top-left corner, which is wrong here
-                is_causal = False
-                if T > 1:
-                    mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(diagonal=cache.pos)
+            # a decode.KVCache: the keys of its whole capacity, and a mask of those each query may see
+            k, v, mask = cache.update(self.layer_idx, k, v)
+            is_causal = False
         if self.n_kv_head != self.n_head:
             # grouped-query attention: key/value head j serves query heads j*g .. j*g+g-1 (transformers'
             # repeat_kv); expanding here runs on every torch and every SDPA kernel, unlike enable_gqa
@@ -242,6 +257,10 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
+        # training loss: fused output projection + cross-entropy in chunks (LinearCrossEntropy); False is
+        # the plain reference path, lm_head then F.cross_entropy over the full logits
+        self.fused_loss = True
+        self.loss_chunk = 4096  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)
         for pn, p in self.named_parameters():
@@ -270,12 +289,15 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None, reduction="mean"):
         """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none'
         gives the loss of every position (B, T), 0 where ignored. Without targets, only the last position's
-        logits are computed (all that generation needs). With a KVCache, idx holds only the new positions."""
+        logits are computed (all that generation needs). With a KVCache (decode.py), idx holds only the
+        new positions."""
         b, t = idx.size()
-        start = cache.pos if cache is not None else 0
-        assert start + t <= self.config.block_size, \
-            f"cannot forward a sequence of length {start + t}, block size is only {self.config.block_size}"
-        pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
+        if cache is None:
+            assert t <= self.config.block_size, \
+                f"cannot forward a sequence of length {t}, block size is only {self.config.block_size}"
+            pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        else:
+            pos = cache.positions(t)  # a tensor on the device (no Python int), so a step can be a CUDA graph
         x, rope = self.transformer.wte(idx), None
         if 'wpe' in self.transformer:
             x = x + self.transformer.wpe(pos)
@@ -287,14 +309,20 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos += t
         x = self.transformer.ln_f(x)
-        if targets is not None:
+        if targets is not None and reduction == "mean" and self.fused_loss and torch.is_grad_enabled():
+            # training: the loss and its gradient come a chunk of positions at a time, so the (B, T, vocab)
+            # logits never exist (no logits returned)
+            logits, loss = None, LinearCrossEntropy.apply(x.view(b * t, -1), self.lm_head.weight,
+                                                          targets.reshape(-1), self.loss_chunk)
+        elif targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                    reduction=reduction)
             if reduction == "none":
                 loss = loss.view(b, t)
         else:
-            logits = self.lm_head(x[:, [-1], :])  # a list index keeps the time dimension
+            logits = self.lm_head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
+            # list index [-1], copies nothing from the CPU, which a CUDA graph capture refuses)
             loss = None
         return logits, loss
 
@@ -378,34 +406,39 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
-                 vocab_limit=None):
+                 vocab_limit=None, progress=None):
         """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
-        vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is padded.
-        With the KV cache each new token costs one position; once a sequence outgrows block_size it is
-        cropped to the last block_size tokens, exactly as without the cache."""
-        cache = None
-        for _ in range(max_new_tokens):
-            if idx.size(1) > self.config.block_size:
+        vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is padded; progress
+        (if given) is called after each new token. With the KV cache (decode.py) the prompt runs once and
+        each new token costs one position, a CUDA graph replay on CUDA; use_cache=False recomputes the whole
+        sequence for every token, the reference the cache must match. Once a sequence outgrows block_size
+        it is cropped to the last block_size tokens and recomputed, with or without the cache."""
+        block_size, decoder = self.config.block_size, None
+        if use_cache and idx.size(1) < block_size:
+            # a multiple of 64 (rows aligned for the attention kernels, fewer shapes to capture), yet no
+            # bigger than this generation needs: a model from transformers may have a huge block_size
+            capacity = min(block_size, -(-(idx.size(1) + max_new_tokens) // 64) * 64)
+            decoder = decode.decoder(self, idx.size(0), capacity, idx.device)
+        for i in range(max_new_tokens):
+            if idx.size(1) > block_size:
                 # the window slides, so every position's embedding changes: recompute from scratch
-                idx_cond, cache = idx[:, -self.config.block_size:], None
-            elif use_cache and cache is not None:
-                idx_cond = idx[:, cache.pos:]
+                logits = self(idx[:, -block_size:])[0][:, -1]
+            elif decoder is not None:
+                logits = decoder.prefill(self, idx) if i == 0 else decoder.step(self, idx[:, -1:])
             else:
-                idx_cond = idx
-                if use_cache and idx.size(1) < self.config.block_size:
-                    # no bigger than this generation needs: a model from transformers may have a huge block_size
-                    capacity = min(self.config.block_size, idx.size(1) + max_new_tokens)
-                    cache = KVCache(self.config.n_layer, capacity)
-            logits, _ = self(idx_cond, cache=cache)
-            logits = logits[:, -1, :vocab_limit]
+                logits = self(idx)[0][:, -1]
+            logits = logits[:, :vocab_limit]
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)
             else:
                 logits = logits / temperature
                 if top_k is not None:
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("Inf")
+                    # masked_fill, not logits[mask] = ...: boolean indexing may wait for the GPU
+                    logits = logits.masked_fill(logits < v[:, -1:], -float("Inf"))
                 probs = F.softmax(logits.float(), dim=-1)
                 idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, idx_next), dim=1)
+            if progress is not None:
+                progress()
         return idx

@@ -14,8 +14,6 @@ import shutil
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from errors import UserError
@@ -76,6 +74,8 @@ def save_sharded(out_dir, model, optimizer, train_state):
     if dist.get_rank() == 0 and os.path.exists(tmp):
         shutil.rmtree(tmp)  # what a killed save left
     dist.barrier()
+    import torch.distributed.checkpoint as dcp  # here, not at the top: importing it takes seconds
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
     if dist.get_rank() == 0:
@@ -104,6 +104,8 @@ def load_train_state(path):
 
 def load_sharded(path, model, optimizer):
     """Fill the (already sharded) model and optimizer from a sharded checkpoint, each rank its own part."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=path)

@@ -36,7 +36,7 @@ torch.manual_seed(seed)
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
 device = hardware.resolve_device(device)
 device_type = device.split(':')[0]
-ctx = hardware.autocast(device_type, hardware.resolve_dtype(dtype, device_type))
+dtype = hardware.resolve_dtype(dtype, device_type)
 
 # model, and the tokenizer of the data it was trained on
 model, meta = load_model(init_from, out_dir)
@@ -47,7 +47,9 @@ print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
 
 model.eval()
 model.to(device)
-# generate() calls forward once per token with a growing cache: compile forward, with dynamic shapes
+# on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
+ctx = hardware.for_generation(model, device_type, dtype)
+# the prompt's length changes the prefill's shape (the decode step's stays fixed): compile with dynamic shapes
 model.forward = hardware.maybe_compile(model.forward, compile, device_type, dynamic=True)
 
 # encode the beginning of the prompt
@@ -63,25 +65,16 @@ if not start_ids:
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
 # a progress bar over the tokens when there are many to wait for (only on a terminal: disable=None);
-# generate() runs forward once per new token, so counting those calls counts the tokens
+# generate() calls progress once per new token (on CUDA its steps are graph replays, not forward calls)
 bar = tqdm(total=num_samples * max_new_tokens, unit='tok', leave=False,
            disable=None if num_samples * max_new_tokens >= 1000 else True)
-forward = model.forward
-
-
-def counted_forward(*args, **kwargs):
-    bar.update()
-    return forward(*args, **kwargs)
-
-
-model.forward = counted_forward
 
 # run generation
 with torch.no_grad():
     with ctx:
         for k in range(num_samples):
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                               vocab_limit=tokenizer.vocab_size)
+                               vocab_limit=tokenizer.vocab_size, progress=bar.update)
             tqdm.write(tokenizer.decode(y[0].tolist()))  # print, but clear of the bar
             tqdm.write('---------------')
 bar.close()

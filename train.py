@@ -19,6 +19,7 @@ import sys
 from datetime import timedelta
 
 import torch
+import torch._functorch.config
 import torch.distributed as dist
 
 import configurator
@@ -107,6 +108,8 @@ dist_timeout_minutes = 10  # how long a collective waits for a missing rank befo
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
 compile = True  # use PyTorch 2.0 to compile the model to be faster
+fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
+activation_memory_budget = 1.0  # compile: below 1 (e.g. 0.75), recompute cheap activations in the backward
 seed = 1337
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in hardware.py's table
 # -----------------------------------------------------------------------------
@@ -163,6 +166,7 @@ if ckpt_every_tokens and parallelism == 'fsdp' and ddp:
     raise errors.UserError("ckpt_every_tokens does not work with parallelism=fsdp yet: use checkpoint_interval")
 torch.manual_seed(seed + seed_offset)
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
+torch._functorch.config.activation_memory_budget = activation_memory_budget  # read when compiling
 ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
@@ -217,6 +221,7 @@ if block_size < model.config.block_size:
 elif block_size > model.config.block_size:
     raise errors.UserError(f"block_size={block_size} is larger than the model's {model.config.block_size} "
                            f"({init_from}): use --block_size={model.config.block_size} or less")
+model.fused_loss = fused_loss
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
 model.to(device)
 vocab_size = model.config.vocab_size

@@ -104,13 +104,13 @@ def test_kv_cache_greedy_generation_matches_uncached_with_gqa(prompt_len):
 
 
 def test_the_cache_holds_the_key_value_heads_only():
-    from model import KVCache
+    from decode import KVCache
     model = tiny(n_head=4, n_kv_head=1).eval()
-    cache = KVCache(model.config.n_layer, 16)
+    cache = KVCache(model.config.n_layer, 16, "cpu")
     with torch.no_grad():
         model(torch.randint(0, 101, (3, 5)), cache=cache)
     k, v = cache.kv[0]
-    assert k.shape == v.shape == (3, 1, 16, 8) and cache.pos == 5
+    assert k.shape == v.shape == (3, 1, 16, 8) and cache.pos.item() == 5
 
 
 def test_helpers_work_for_llama():

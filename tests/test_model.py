@@ -17,11 +17,15 @@ def test_shapes_and_last_position_logits():
     model = tiny()
     idx = torch.randint(0, 101, (3, 16))
     logits, loss = model(idx, idx)
+    assert logits is None and loss.dim() == 0  # training: the fused loss makes no logits
+    with torch.no_grad():
+        logits, loss = model(idx, idx)
     assert logits.shape == (3, 16, 101) and loss.dim() == 0
     logits, loss = model(idx)
     assert logits.shape == (3, 1, 101) and loss is None
     # the last-position logits are the same numbers the full forward computes
-    full, _ = model(idx, idx)
+    with torch.no_grad():
+        full, _ = model(idx, idx)
     torch.testing.assert_close(logits[:, 0], full[:, -1])
 
 
@@ -38,7 +42,8 @@ def test_ignore_index_targets_are_skipped():
     targets = idx.clone()
     targets[:, 4:] = -1
     _, loss_masked = model(idx, targets)
-    logits, _ = model(idx, idx)
+    with torch.no_grad():
+        logits, _ = model(idx, idx)
     expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 101), idx[:, :4].reshape(-1))
     torch.testing.assert_close(loss_masked, expected)
 
@@ -134,3 +139,46 @@ def test_per_position_losses():
     losses, mean = model(idx, targets, reduction="none")[1], model(idx, targets)[1]
     assert losses.shape == (2, 8) and (losses[0, :3] == 0).all()
     torch.testing.assert_close(losses.sum() / (targets != -1).sum(), mean)
+
+
+def loss_and_grads(model, idx, targets, fused, dtype=None):
+    model.zero_grad()
+    model.fused_loss = fused
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        logits, loss = model(idx, targets)
+    (2 * loss).backward()  # a scaled loss, as with gradient accumulation
+    return logits, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_fused_loss_equals_plain_loss_and_gradients(family):
+    # the training path (chunked linear + cross-entropy, gradients made in the forward) against lm_head +
+    # F.cross_entropy: the same loss and the same gradient for every parameter, ignored targets included
+    model = tiny(family=family, tie_embeddings=family == "gpt2")
+    model.loss_chunk = 37  # chunks that do not divide the 4 * 32 positions
+    idx = torch.randint(0, 101, (4, 32))
+    targets = torch.randint(0, 101, (4, 32))
+    targets[0, :10] = -1
+    fused_logits, fused_loss, fused_grads = loss_and_grads(model, idx, targets, fused=True)
+    plain_logits, plain_loss, plain_grads = loss_and_grads(model, idx, targets, fused=False)
+    assert fused_logits is None and plain_logits.shape == (4, 32, 101)  # the fused path makes no logits
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=1e-6, atol=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    # under bf16 autocast both round the same matmuls to bf16: equal within bf16's resolution
+    _, fused_loss, fused_grads = loss_and_grads(model, idx, targets, fused=True, dtype=torch.bfloat16)
+    _, plain_loss, plain_grads = loss_and_grads(model, idx, targets, fused=False, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=2e-3, atol=2e-3)
+    for name, grad in plain_grads.items():
+        assert (fused_grads[name] - grad).abs().max() <= 2e-2 * grad.abs().max(), name
+
+
+def test_fused_loss_is_not_used_without_gradients():
+    # evaluation (no_grad) still returns the logits, and the same loss
+    model = tiny()
+    idx = torch.randint(0, 101, (2, 16))
+    with torch.no_grad():
+        logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 101)
+    _, fused_loss = model(idx, idx)
+    torch.testing.assert_close(fused_loss.detach(), loss)

@@ -1,0 +1,124 @@
+"""
+Fast generation: a key/value cache of fixed shape, and the one-token decode step that runs on it, which
+on CUDA is captured once as a CUDA graph and replayed for every token. GPT.generate uses them.
+
+Why a graph: a GPT-2 124M step is ~200 small kernels. At batch 1 the GPU runs each faster than Python
+and PyTorch can launch the next, so eager decoding is bound by the CPU (224 tok/s on an H100, whatever
+the GPU). A graph launches the whole step at once. Capturing one needs fixed shapes and addresses and no
+value read back on the CPU: hence the preallocated cache, the position as a tensor on the device, and
+attention over the cache's whole capacity with a mask, instead of keys that grow by one every token.
+"""
+import torch
+
+cuda_graphs = True  # False: run the decode step eagerly on CUDA too (to compare, or to debug)
+
+
+class KVCache:
+    """Keys and values of every layer for up to `capacity` positions (only the key/value heads, with GQA),
+    preallocated, so that one more token runs the model on one position instead of the whole context.
+    The position reached is a tensor on the device: a forward writes its keys/values at their positions
+    and attends over all `capacity` slots, each token to those at or before its own."""
+
+    def __init__(self, n_layer, capacity, device):
+        self.kv = [None] * n_layer  # per layer, keys and values (B, n_kv_head, capacity, head_size)
+        self.capacity = capacity
+        self.pos = torch.zeros((), dtype=torch.long, device=device)  # positions already in the cache
+        self.slots = torch.arange(capacity, device=device)
+
+    def positions(self, t):
+        """The positions (t,) of the next t tokens; prepares this forward's attention mask."""
+        self.new = self.pos + torch.arange(t, device=self.pos.device)
+        self.visible = self.slots <= self.new[:, None]  # (t, capacity)
+        self.mask = None
+        return self.new
+
+    def update(self, layer, k, v):
+        """Write this layer's new keys/values (B, nh, t, hs) at their positions; return every slot's, and
+        the mask to attend with: 0 where visible and -inf elsewhere, what SDPA would make of a boolean
+        mask in each layer, made here once per forward."""
+        if self.kv[layer] is None:
+            # zeros, not empty: masked slots still enter the product (with weight 0), and 0 * NaN is NaN
+            shape = (k.size(0), k.size(1), self.capacity, k.size(3))
+            self.kv[layer] = (k.new_zeros(shape), v.new_zeros(shape))
+        if self.mask is None:
+            self.mask = k.new_zeros(self.visible.shape).masked_fill_(~self.visible, float("-inf"))
+        ck, cv = self.kv[layer]
+        ck.index_copy_(2, self.new, k)
+        cv.index_copy_(2, self.new, v)
+        return ck, cv, self.mask
+
+
+def uses_graphs(model, device):
+    """Graphs where they can work: on CUDA, in eval mode (dropout draws random numbers), and outside a
+    distributed run (under FSDP each forward all-gathers the weights; samples taken during training are
+    not where speed matters)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return cuda_graphs and torch.device(device).type == "cuda" and not model.training and not distributed
+
+
+class Decoder:
+    """Runs a model on a KVCache: the prompt once (prefill, of any length, eagerly), then one token a
+    step. With graphs the step is captured the first time and replayed after; otherwise it runs eagerly,
+    the same code on the same buffers (so the CPU tests check the logic the graph replays)."""
+
+    def __init__(self, n_layer, batch_size, capacity, device, graphed, key=None):
+        self.cache = KVCache(n_layer, capacity, device)
+        self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the step's input
+        self.graphed, self.key = graphed, key
+        self.graph = self.logits = None
+
+    def prefill(self, model, idx):
+        """Logits (B, vocab) after the prompt idx (B, T), whose keys/values fill positions 0..T-1."""
+        self.cache.pos.zero_()
+        return model(idx, cache=self.cache)[0][:, -1]
+
+    def step(self, model, token):
+        """Logits (B, vocab) after one more token (B, 1). With graphs this is the graph's own output
+        tensor, overwritten by the next step: read it, do not change it."""
+        self.token.copy_(token)
+        if not self.graphed:
+            return model(self.token, cache=self.cache)[0][:, -1]
+        if self.graph is None:
+            self.capture(model)
+        self.graph.replay()
+        return self.logits
+
+    def capture(self, model):
+        """Record one step as a CUDA graph, as torch.cuda.graphs' documentation does. Capturing runs
+        nothing, so the first replay then takes the step at the position the cache is at."""
+        pos = self.cache.pos.clone()
+        # autocast's cache of cast weights would hand the graph copies that autocast frees on exit;
+        # uncached, the casts are kernels of the graph (float32 weights: train.py's samples)
+        no_cast_cache = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"),
+                                       enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
+        with torch.cuda.device(self.token.device), no_cast_cache:
+            # warm up on a side stream: lazy set-ups (cuBLAS workspaces, kernel choices) must not happen in
+            # the capture. Each run writes this position's keys/values, which the replay writes again
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    self.cache.pos.copy_(pos)
+                    model(self.token, cache=self.cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.cache.pos.copy_(pos)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: the process's other threads (a caller's data loader, say) may use CUDA meanwhile
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.logits = model(self.token, cache=self.cache)[0][:, -1]
+
+
+def decoder(model, batch_size, capacity, device):
+    """A Decoder for this shape. A graphed one is kept on the model and reused while nothing it captured
+    changes (shape, weights' addresses and dtypes, autocast): a capture costs a few steps' time, and
+    sample.py asks for the same shape num_samples times (`del model._decoder` frees it). Eager ones are
+    made afresh, holding no memory once generate() returns."""
+    if not uses_graphs(model, device):
+        return Decoder(model.config.n_layer, batch_size, capacity, device, graphed=False)
+    key = (batch_size, capacity, str(device), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+           tuple((p.data_ptr(), p.dtype) for p in model.parameters()))
+    kept = model.__dict__.get("_decoder")
+    if kept is None or kept.key != key:
+        model.__dict__.pop("_decoder", None)  # free its graph and cache before making the next
+        model._decoder = Decoder(model.config.n_layer, batch_size, capacity, device, graphed=True, key=key)
+    return model._decoder

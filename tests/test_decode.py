@@ -1,0 +1,150 @@
+"""
+decode.py: the fixed-shape KV cache, and the decode step that CUDA replays from a graph. On the CPU the
+step runs eagerly; FakeGraph stands in for a CUDA graph (it records the step's ops with the tensors they
+read and write, and replays them on those same tensors, as a graph reruns its kernels on the same
+addresses), so the logic the GPU relies on is checked here too. The last test captures real graphs on CUDA.
+"""
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import decode
+from model import GPT, GPTConfig
+
+
+def tiny(family, **kw):
+    cfg = dict(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=32, dropout=0.0, family=family)
+    if family == "llama":  # with grouped-query attention
+        cfg.update(n_kv_head=2, bias=False, tie_embeddings=False)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+class FakeGraph(TorchDispatchMode):
+    """Records every op run under it; replay() runs them again on the tensors they had, writing each
+    result into the tensor the recording made. A step that baked in a Python number (a position) or
+    allocated anew would replay the wrong thing; one that read a value back to the CPU fails here."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        assert func is not torch.ops.aten._local_scalar_dense.default, "the step reads a value back to the CPU"
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+    def replay(self):
+        for func, args, kwargs, out in self.ops:
+            new = func(*args, **kwargs)
+            for o, n in zip(pytree.tree_leaves(out), pytree.tree_leaves(new)):
+                if isinstance(o, torch.Tensor) and o.data_ptr() != n.data_ptr():  # not in place, not a view
+                    o.copy_(n)
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """generate() on the graph path, with FakeGraph for CUDA graphs; yields the list of captures."""
+    captures = []
+
+    def capture(self, model):
+        pos = self.cache.pos.clone()
+        self.graph = FakeGraph()
+        with self.graph:
+            self.logits = model(self.token, cache=self.cache)[0][:, -1]
+        self.cache.pos.copy_(pos)  # a capture runs nothing: the first replay takes this step
+        captures.append(self)
+
+    monkeypatch.setattr(decode, "uses_graphs", lambda model, device: True)
+    monkeypatch.setattr(decode.Decoder, "capture", capture)
+    yield captures
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_step_logits_match_the_full_forward(family):
+    model = tiny(family)
+    idx = torch.randint(0, 101, (3, 12))
+    dec = decode.Decoder(model.config.n_layer, 3, 32, "cpu", graphed=False)
+    with torch.no_grad():
+        steps = [dec.prefill(model, idx[:, :5])] + [dec.step(model, idx[:, [t]]) for t in range(5, 12)]
+        for t, logits in zip(range(5, 13), steps):
+            torch.testing.assert_close(logits, model(idx[:, :t])[0][:, -1], rtol=1e-5, atol=1e-5)
+    assert dec.cache.pos.item() == 12
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_step_keeps_its_buffers_and_reads_nothing_back(family):
+    model = tiny(family)
+    dec = decode.Decoder(model.config.n_layer, 2, 32, "cpu", graphed=False)
+    with torch.no_grad():
+        dec.prefill(model, torch.randint(0, 101, (2, 4)))
+        buffers = lambda: [t.data_ptr() for kv in dec.cache.kv for t in kv] + [dec.cache.pos.data_ptr()]
+        before = buffers()
+        for _ in range(3):
+            dec.step(model, torch.randint(0, 101, (2, 1)))
+        assert buffers() == before  # a graph replays on the addresses it captured
+        # on the meta device no value can be read: the step runs all the same (prefill too)
+        meta = decode.Decoder(model.config.n_layer, 2, 32, "meta", graphed=False)
+        model.to("meta")
+        meta.prefill(model, torch.zeros(2, 4, dtype=torch.long, device="meta"))
+        assert meta.step(model, torch.zeros(2, 1, dtype=torch.long, device="meta")).shape == (2, 101)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("prompt_len", [1, 5, 31])
+def test_graph_path_greedy_matches_uncached(fake_graphs, family, prompt_len):
+    model = tiny(family)
+    idx = torch.randint(0, 101, (2, prompt_len))
+    # 40 new tokens runs past block_size=32: the cropped window is recomputed, as without the cache
+    graphed = model.generate(idx, 40, temperature=0)
+    plain = model.generate(idx, 40, temperature=0, use_cache=False)
+    assert len(fake_graphs) == 1 and graphed.shape == (2, prompt_len + 40)
+    assert torch.equal(graphed, plain)
+    assert torch.equal(model.generate(idx, 10, top_k=1), plain[:, :prompt_len + 10])  # top_k=1 is greedy
+
+
+def test_graph_path_samples_from_the_given_generator(fake_graphs):
+    model = tiny("llama")
+    idx = torch.randint(0, 101, (2, 3))
+    sample = lambda seed: model.generate(idx, 20, top_k=50, generator=torch.Generator().manual_seed(seed))
+    a = sample(1)
+    torch.manual_seed(123)  # the global stream must not matter
+    assert torch.equal(a, sample(1)) and not torch.equal(a, sample(2))
+    assert len(fake_graphs) == 1  # one shape, one capture
+
+
+def test_a_kept_graph_is_reused_and_rebuilt_when_what_it_captured_changes(fake_graphs):
+    model = tiny("gpt2")
+    long, short = torch.randint(0, 101, (2, 20)), torch.randint(0, 101, (2, 3))
+    plain = lambda idx: model.generate(idx, 12, temperature=0, use_cache=False)
+    assert torch.equal(model.generate(long, 12, temperature=0), plain(long))
+    # the same capacity (block_size): reused, and the longer prompt's keys left in its slots stay masked
+    assert torch.equal(model.generate(short, 12, temperature=0), plain(short))
+    assert len(fake_graphs) == 1
+    model.generate(short[:1], 12, temperature=0)  # another batch size: another graph
+    model.double()  # the weights move: the graph would read the old ones
+    assert torch.equal(model.generate(short, 12, temperature=0), plain(short))
+    assert len(fake_graphs) == 3 and model._decoder is fake_graphs[-1]
+
+
+def test_progress_counts_every_new_token():
+    model = tiny("gpt2")
+    for use_cache in (True, False):
+        calls = []
+        model.generate(torch.randint(0, 101, (1, 20)), 25, top_k=5, use_cache=use_cache,
+                       progress=lambda: calls.append(1))  # past block_size too
+        assert len(calls) == 25
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cuda_graphs_match_uncached(family):
+    model = tiny(family, n_embd=64).cuda().to(torch.bfloat16)
+    idx = torch.randint(0, 101, (3, 5), device="cuda")
+    graphed = model.generate(idx, 40, temperature=0)
+    assert model._decoder.graph is not None
+    assert torch.equal(graphed, model.generate(idx, 40, temperature=0, use_cache=False))
+    assert torch.equal(model.generate(idx, 40, temperature=0), graphed)  # the kept graph, replayed again
