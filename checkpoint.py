@@ -210,3 +210,25 @@ def prune_checkpoints(folder, name, keep):
             os.remove(os.path.join(folder, old))
         except OSError as e:
             print(f"error: could not remove the old checkpoint {old} ({e.strerror or e})")
+
+
+def restore_training_state(checkpoint, optimizer, scaler, train_loader, log, world_size, with_optimizer=True):
+    """Put a resumed run's optimizer, GradScaler, data position and log where the checkpoint left them.
+    Returns the training time of the earlier launches, the updates skipped so far, and every rank's random
+    state (None when the number of processes changed, with a note). with_optimizer=False: fsdp resuming
+    from a single ckpt.pt, whose optimizer state does not fit the shards."""
+    if with_optimizer and 'optimizer' in checkpoint:
+        optimizer.load_state_dict(checkpoint['optimizer'])
+    elif not with_optimizer:
+        print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
+    if 'scaler' in checkpoint:
+        scaler.load_state_dict(checkpoint['scaler'])
+    if 'train_loader' in checkpoint:
+        train_loader.load_state_dict(checkpoint['train_loader'])
+    log.resume_at(checkpoint.get('log_position', log.position()))
+    rng = checkpoint.get('rng')  # one per rank, restored just before the loop
+    if rng is not None and len(rng) != world_size:
+        print(f"note: the checkpoint comes from {len(rng)} processes, this run has {world_size}: "
+              f"random streams (dropout) start afresh")
+        rng = None
+    return checkpoint.get('elapsed', 0.0), checkpoint.get('skipped_steps', 0), rng

@@ -28,8 +28,9 @@ import hardware
 import parallel
 import schedule
 from checkpoint import (check_out_dir, gather_rng_states, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
-                        save_kept_checkpoint, save_training_checkpoint, set_rng_state)
+                        restore_training_state, save_kept_checkpoint, save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
+from evaluate import all_ranks_mean, draw_samples, estimate_loss
 from datafiles import read_meta
 from model import GPT, GPTConfig
 from preemption import StopRequest
@@ -272,55 +273,13 @@ if init_from == 'resume' and sharded:
 
 # the rest of the training state, and the log
 log = TrainLog(out_dir, enabled=master_process)
-elapsed_before = 0.0  # training time of earlier launches of this run, for the log's clock
-skipped_steps = 0  # updates skipped for a non-finite gradient, over the whole run
+elapsed_before, skipped_steps, saved_rng = 0.0, 0, None  # the run's clock, skipped updates, random state
 if init_from == 'resume':
-    if 'optimizer' in checkpoint and not (parallelism == 'fsdp' and not sharded):
-        optimizer.load_state_dict(checkpoint['optimizer'])
-    elif parallelism == 'fsdp' and not sharded:
-        print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
-    if 'scaler' in checkpoint:
-        scaler.load_state_dict(checkpoint['scaler'])
-    if 'train_loader' in checkpoint:
-        train_loader.load_state_dict(checkpoint['train_loader'])
-    log.resume_at(checkpoint.get('log_position', log.position()))
-    elapsed_before = checkpoint.get('elapsed', 0.0)
-    skipped_steps = checkpoint.get('skipped_steps', 0)
-    saved_rng = checkpoint.get('rng')  # one per rank, restored just before the loop
-    if saved_rng is not None and len(saved_rng) != ddp_world_size:
-        print(f"note: the checkpoint comes from {len(saved_rng)} processes, this run has {ddp_world_size}: "
-              f"random streams (dropout) start afresh")
-        saved_rng = None
+    elapsed_before, skipped_steps, saved_rng = restore_training_state(
+        checkpoint, optimizer, scaler, train_loader, log, ddp_world_size,
+        with_optimizer=not (parallelism == 'fsdp' and not sharded))
 wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed: the same wandb run goes on
 checkpoint = None  # free up memory
-
-
-def all_ranks_mean(value):
-    """Average a float over the DDP ranks (each evaluated its own batches)."""
-    if not ddp:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)  # SUM: gloo has no AVG
-    return t.item() / ddp_world_size
-
-
-@torch.no_grad()
-def estimate_loss():
-    """Mean loss over eval_iters batches of each split. The batches are the same at every evaluation
-    (a fixed seed), so successive values compare the model, not the luck of the draw."""
-    out = {}
-    model.eval()
-    for split in ('train', 'val'):
-        batches = loader(split, stream=1)
-        losses = torch.zeros(eval_iters, device=device)
-        for k in range(eval_iters):
-            X, Y = batches.next_batch()
-            with ctx:
-                _, loss = model(X, Y)
-            losses[k] = loss
-        out[split] = all_ranks_mean(losses.mean().item())
-    model.train()
-    return out
 
 
 def save(name=None):
@@ -352,16 +311,10 @@ def elapsed():
 
 
 def print_samples():
-    """A few continuations of sample_prompt, drawn from a generator of their own, so sampling never
-    changes the training's random stream. The master alone samples, except under fsdp, where every rank
-    must take part in each forward pass (they draw the same tokens)."""
-    generator = torch.Generator(device=device).manual_seed(seed + iter_num)
-    raw_model.eval()
-    with torch.no_grad(), ctx:
-        out = raw_model.generate(torch.tensor([sample_ids] * num_samples_train, device=device), sample_max_tokens,
-                                 top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
-    raw_model.train()
-    texts = [tokenizer.decode(row) for row in out.tolist()]
+    """Samples of sample_prompt. The master alone samples, except under fsdp, where every rank must take
+    part in each forward pass (they draw the same tokens)."""
+    texts = draw_samples(raw_model, tokenizer, sample_ids, num_samples_train, sample_max_tokens, ctx, device,
+                         seed + iter_num)
     for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
     log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
@@ -403,7 +356,7 @@ while True:
     if due(eval_interval) or due(hellaswag_interval) or tokens_due:
         row = {}
         if due(eval_interval) or tokens_due:
-            losses = estimate_loss()  # the same numbers on every rank
+            losses = estimate_loss(model, lambda split: loader(split, stream=1), eval_iters, ctx, device)
             row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
         if due(hellaswag_interval):
             hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, ddp_rank, ddp_world_size,
@@ -470,7 +423,7 @@ while True:
     dt = t1 - t0
     t0 = t1
     # the loss of the whole batch, every rank's micro-steps (a CPU-GPU sync point, so only when logging)
-    lossf = all_ranks_mean(float(loss_sum)) if iter_num % log_interval == 0 else None
+    lossf = all_ranks_mean(float(loss_sum), device) if iter_num % log_interval == 0 else None
     if iter_num % log_interval == 0 and master_process:
         if local_iter_num >= 5:  # let the training loop settle a bit
             mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)

@@ -1,0 +1,47 @@
+"""
+Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
+DDP ranks, and a few sampled continuations of a prompt.
+"""
+import torch
+import torch.distributed as dist
+
+
+def all_ranks_mean(value, device):
+    """Average a float over the DDP ranks (each evaluated its own batches); the value itself without DDP."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)  # SUM: gloo has no AVG
+    return t.item() / dist.get_world_size()
+
+
+@torch.no_grad()
+def estimate_loss(model, loader, eval_iters, ctx, device):
+    """Mean loss over eval_iters batches of each split, from loader(split) - made afresh each time, with a
+    fixed seed, so the batches are the same at every evaluation and successive values compare the model,
+    not the luck of the draw."""
+    out = {}
+    model.eval()
+    for split in ('train', 'val'):
+        batches = loader(split)
+        losses = torch.zeros(eval_iters, device=device)
+        for k in range(eval_iters):
+            X, Y = batches.next_batch()
+            with ctx:
+                _, loss = model(X, Y)
+            losses[k] = loss
+        out[split] = all_ranks_mean(losses.mean().item(), device)
+    model.train()
+    return out
+
+
+def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed):
+    """num_samples continuations of prompt_ids (top_k 50), from a generator of their own, so sampling never
+    changes the training's random stream; the decoded texts."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    model.eval()
+    with torch.no_grad(), ctx:
+        out = model.generate(torch.tensor([prompt_ids] * num_samples, device=device), max_tokens,
+                             top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
+    model.train()
+    return [tokenizer.decode(row) for row in out.tolist()]
