@@ -11,17 +11,28 @@ from contextlib import contextmanager
 @contextmanager
 def atomic_write(path, mode="wb"):
     """`with atomic_write(path) as f: f.write(...)` - the file appears at `path` only when complete."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode) as f:
+            yield f
+
+
+@contextmanager
+def atomic_path(path):
+    """`with atomic_path(path) as tmp: ...` for writers that need a file name rather than a file object
+    (np.memmap): whatever is written to `tmp` is fsynced and appears at `path` only when the block ends
+    without an error; on an error `tmp` is removed."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the permissions open() would
     try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            yield tmp
+            os.fsync(fd)  # through mkstemp's descriptor: the writer's own may be closed by now (a memmap's is)
+        finally:
+            os.close(fd)  # before the rename, which Windows refuses for an open file
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the permissions open() would
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

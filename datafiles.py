@@ -155,6 +155,34 @@ def list_shards(data_dir, split):
     return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
 
 
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def tiny_shakespeare(input_path, out_dir):
+    """The Shakespeare prepare scripts' text and its file: --input `input_path`, else `out_dir`/input.txt,
+    downloaded first when missing (atomically, so a cut-off download is never mistaken for the whole text)."""
+    path = input_path or os.path.join(out_dir, "input.txt")
+    if input_path is None and not os.path.exists(path):
+        import urllib.request  # only the prepare scripts need it
+        print(f"downloading {TINY_SHAKESPEARE_URL}")
+        try:
+            with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=60) as r:
+                text = r.read()
+        except OSError as e:
+            raise UserError(f"could not download {TINY_SHAKESPEARE_URL} ({e}); "
+                            f"pass --input with a local copy of tinyshakespeare's input.txt")
+        with atomic_write(path) as f:
+            f.write(text)
+    if not os.path.isfile(path):
+        raise UserError(f"input file {path} does not exist")
+    try:
+        # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read(), path
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e})")
+
+
 # how each kind of local file is read by `datasets`
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 
@@ -183,3 +211,23 @@ def load_local_documents(path, num_proc=1):
     kind = kinds.pop()
     extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
     return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)), **extra)
+
+
+def load_documents(local, dataset, text_column, num_proc=1, subset=None):
+    """A prepare script's documents as a datasets.Dataset: its --local files (load_local_documents), else the
+    'train' split of the hub dataset (and subset); checked to have the text column. Mistakes are one line."""
+    import datasets  # heavy, and only the prepare scripts need it
+
+    if local is not None:
+        ds = load_local_documents(local, num_proc)
+    else:
+        try:
+            ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
+        except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
+            of = "" if subset is None else f" (subset {subset!r})"
+            raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "
+                            f"({' '.join(str(e).split())}); pass --local with local files instead")
+    if text_column not in ds.column_names:
+        raise UserError(f"the dataset has no column {text_column!r} (columns: {ds.column_names}); "
+                        f"pick one with --text_column")
+    return ds

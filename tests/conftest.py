@@ -11,6 +11,11 @@ sys.path.insert(0, ROOT)
 _ranks = os.path.join(SHARED, "gpt2.tiktoken")
 if os.path.exists(_ranks):
     os.environ.setdefault("GPT2_TIKTOKEN_FILE", _ranks)
+# One OpenMP/MKL thread per torch process, this one (torch is imported after this file) and every script the
+# tests start: two processes at once on CI's 2 cores (DDP ranks, test_errors' pool, pytest -n 2) each with
+# threads that spin-wait for a core the other holds ran 5-12x slower than with one thread each.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

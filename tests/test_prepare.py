@@ -1,12 +1,17 @@
+import io
 import json
 import os
 import random
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import numpy as np
+import pytest
 
-from datafiles import open_tokens, read_meta
+from datafiles import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
+from errors import UserError
 from tokenizer import get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,3 +93,25 @@ def test_missing_input_is_one_line(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and str(missing) in lines[0], r.stderr
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+def test_tiny_shakespeare_download(monkeypatch, tmp_path):
+    # the download branch of both Shakespeare scripts, with urlopen standing in for the network
+    urls = []
+
+    def fetch(url, timeout):
+        urls.append(url)
+        return io.BytesIO("First Citizen:\r\nSpeak.\n".encode())
+    monkeypatch.setattr(urllib.request, "urlopen", fetch)
+    assert tiny_shakespeare(None, tmp_path) == ("First Citizen:\r\nSpeak.\n", str(tmp_path / "input.txt"))
+    assert urls == [TINY_SHAKESPEARE_URL] and os.listdir(tmp_path) == ["input.txt"]  # no temp file left
+    assert tiny_shakespeare(None, tmp_path)[0] == "First Citizen:\r\nSpeak.\n" and len(urls) == 1  # kept
+
+
+def test_tiny_shakespeare_offline(monkeypatch, tmp_path):
+    def offline(url, timeout):
+        raise urllib.error.URLError("no network in tests")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(UserError, match="could not download .*pass --input"):
+        tiny_shakespeare(None, tmp_path)
+    assert os.listdir(tmp_path) == []  # nothing that a later run could take for the text

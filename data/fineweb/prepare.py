@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 import errors
-from datafiles import load_local_documents, open_shard, read_meta, write_meta, write_shard
+from datafiles import load_documents, open_shard, read_meta, write_meta, write_shard
 from errors import UserError
 from tokenizer import gpt2_encoding
 
@@ -93,18 +93,8 @@ def main():
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
 
-    if args.local is not None:
-        dataset = load_local_documents(args.local, args.num_proc)
-    else:
-        try:
-            # sample-10BT: about 10B tokens, about 100 shards; the parquet files go to the huggingface cache
-            dataset = datasets.load_dataset(args.dataset, name=args.subset, split="train", num_proc=args.num_proc)
-        except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
-            raise UserError(f"could not load dataset {args.dataset!r} (subset {args.subset!r}) from the HF hub "
-                            f"({' '.join(str(e).split())}); pass --local with local files instead")
-    if args.text_column not in dataset.column_names:
-        raise UserError(f"the dataset has no column {args.text_column!r} (columns: {dataset.column_names}); "
-                        f"pick one with --text_column")
+    # sample-10BT from the hub: about 10B tokens, about 100 shards; the parquet files go to the huggingface cache
+    dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc, subset=args.subset)
 
     # fill one shard-sized buffer after another; a document that overflows one continues in the next
     os.makedirs(args.out_dir, exist_ok=True)

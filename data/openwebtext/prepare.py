@@ -17,7 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 import errors
-from datafiles import DTYPES, load_local_documents, write_meta
+from atomic import atomic_path
+from datafiles import DTYPES, load_documents, write_meta
 from errors import UserError
 from tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 
@@ -53,18 +54,8 @@ import datasets
 if not sys.stderr.isatty():
     datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
 
-if args.local is not None:
-    dataset = load_local_documents(args.local, args.num_proc)
-else:
-    try:
-        # takes 54GB in the huggingface .cache dir, about 8M documents (8,013,769)
-        dataset = datasets.load_dataset(args.dataset, split="train", num_proc=args.num_proc)
-    except OSError as e:  # no network, unknown id, no access: all arrive as OSError subclasses
-        raise UserError(f"could not load dataset {args.dataset!r} from the HF hub ({e}); "
-                        f"pass --local with local files instead")
-if args.text_column not in dataset.column_names:
-    raise UserError(f"the dataset has no column {args.text_column!r} (columns: {dataset.column_names}); "
-                    f"pick one with --text_column")
+# from the hub: 54GB in the huggingface .cache dir, about 8M documents (8,013,769)
+dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc)
 if len(dataset) < 2:
     raise UserError(f"the dataset has {len(dataset)} document(s); need at least 2 for a train/val split")
 
@@ -99,8 +90,7 @@ for split, dset in tokenized.items():
     arr_len = int(np.sum(dset["len"], dtype=np.uint64))
     filename = os.path.join(args.out_dir, f"{split}.bin")
     # write under a temporary name and rename at the end: an interrupted run leaves no valid-looking half file
-    tmp = filename + ".tmp"
-    try:
+    with atomic_path(filename) as tmp:
         arr = np.memmap(tmp, dtype=DTYPES[meta["dtype"]], mode="w+", shape=(arr_len,))  # uint16 if the vocab fits
         total_batches = min(1024, len(dset))
         idx = 0
@@ -112,14 +102,7 @@ for split, dset in tokenized.items():
             idx += len(arr_batch)
         assert idx == arr_len, (idx, arr_len)
         arr.flush()
-        del arr
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, filename)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+        del arr  # unmapped before the rename
     print(f"{split}.bin has {arr_len:,} tokens")
 write_meta(args.out_dir, meta)
 

@@ -10,16 +10,12 @@ vocabularies up to 65,536, else uint32) and meta.json (plus tokenizer.json for t
 import argparse
 import os
 import sys
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 import errors
-from atomic import atomic_write
-from datafiles import write_meta, write_tokens
+from datafiles import tiny_shakespeare, write_meta, write_tokens
 from errors import UserError
 from tokenizer import dataset_tokenizer
-
-URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,26 +27,7 @@ parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of 
 args = parser.parse_args()
 os.makedirs(args.out_dir, exist_ok=True)
 
-# find the text: --input, else a previous download, else download it (atomically, so a cut-off
-# download is never mistaken for the whole text next time)
-input_file_path = args.input or os.path.join(args.out_dir, "input.txt")
-if args.input is None and not os.path.exists(input_file_path):
-    print(f"downloading {URL}")
-    try:
-        with urllib.request.urlopen(URL, timeout=60) as r:
-            text = r.read()
-    except OSError as e:
-        raise UserError(f"could not download {URL} ({e}); pass --input with a local copy of tinyshakespeare's input.txt")
-    with atomic_write(input_file_path) as f:
-        f.write(text)
-if not os.path.isfile(input_file_path):
-    raise UserError(f"input file {input_file_path} does not exist")
-try:
-    # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
-    with open(input_file_path, encoding="utf-8", newline="") as f:
-        data = f.read()
-except UnicodeDecodeError as e:
-    raise UserError(f"{input_file_path} is not UTF-8 text ({e})")
+data, input_file_path = tiny_shakespeare(args.input, args.out_dir)
 n = len(data)
 train_data = data[:int(n * 0.9)]
 val_data = data[int(n * 0.9):]

@@ -1,0 +1,40 @@
+import os
+
+import numpy as np
+import pytest
+
+from atomic import atomic_path, atomic_write
+
+
+def test_atomic_write_replaces_only_when_complete(tmp_path):
+    path = tmp_path / "f.bin"
+    with atomic_write(path) as f:
+        f.write(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_write(path) as f:
+            f.write(b"half a new fi")
+            raise RuntimeError("killed mid-write")
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.bin"]  # the temp file is gone
+    with atomic_write(path, "w") as f:
+        f.write("new")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["f.bin"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # as open() would make it, not mkstemp's 0600
+
+
+def test_atomic_path_for_a_memmap(tmp_path):
+    # np.memmap needs a file name; the data is there, under the final name, only after the block
+    path = tmp_path / "train.bin"
+    with atomic_path(path) as tmp:
+        arr = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(5,))
+        arr[:] = np.arange(5)
+        arr.flush()
+        del arr
+        assert not path.exists()
+    assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(path) as tmp:
+            np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(3,))
+            raise KeyboardInterrupt
+    assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3, 4] and os.listdir(tmp_path) == ["train.bin"]
