@@ -257,9 +257,10 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
-        # training loss: fused output projection + cross-entropy in chunks (LinearCrossEntropy); False is
-        # the plain reference path, lm_head then F.cross_entropy over the full logits
-        self.fused_loss = True
+        # True: the training loss (with gradients on) from the output projection and cross-entropy fused, in
+        # chunks (LinearCrossEntropy), returning no logits; False (train.py's default, nanoGPT's way): lm_head
+        # then F.cross_entropy over the full logits
+        self.fused_loss = False
         self.loss_chunk = 4096  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)

@@ -17,6 +17,9 @@ def test_shapes_and_last_position_logits():
     model = tiny()
     idx = torch.randint(0, 101, (3, 16))
     logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 101) and loss.dim() == 0
+    model.fused_loss = True
+    logits, loss = model(idx, idx)
     assert logits is None and loss.dim() == 0  # training: the fused loss makes no logits
     with torch.no_grad():
         logits, loss = model(idx, idx)
@@ -178,6 +181,7 @@ def test_fused_loss_equals_plain_loss_and_gradients(family):
 def test_fused_loss_is_not_used_without_gradients():
     # evaluation (no_grad) still returns the logits, and the same loss
     model = tiny()
+    model.fused_loss = True
     idx = torch.randint(0, 101, (2, 16))
     with torch.no_grad():
         logits, loss = model(idx, idx)
