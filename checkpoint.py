@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import parallel
 from atomic import atomic_write
 from datafiles import read_meta
 from errors import UserError
@@ -232,3 +233,16 @@ def restore_training_state(checkpoint, optimizer, scaler, train_loader, log, wor
               f"random streams (dropout) start afresh")
         rng = None
     return checkpoint.get('elapsed', 0.0), checkpoint.get('skipped_steps', 0), rng
+
+
+def load_resume_checkpoint(out_dir, parallelism):
+    """The checkpoint a resumed run starts from, the sharded folder it is in (None: out_dir/ckpt.pt) and
+    its path. fsdp runs save sharded checkpoints, every rank its part (their weights are loaded once the
+    model is sharded too); the rest a single ckpt.pt."""
+    sharded = parallel.sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
+    path = sharded or os.path.join(out_dir, 'ckpt.pt')
+    print(f"Resuming training from {path}")
+    if not sharded and parallel.sharded_checkpoint(out_dir) and not os.path.exists(path):
+        raise UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
+                        f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
+    return (parallel.load_train_state(sharded) if sharded else load_checkpoint(path)), sharded, path

@@ -155,6 +155,17 @@ def list_shards(data_dir, split):
     return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
 
 
+def find_dataset(dataset, data_dir=""):
+    """A dataset's folder (data_dir, or data/<dataset> beside this file), its metadata (None for a nanoGPT
+    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing."""
+    data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+    prepare_hint = f"python data/{dataset}/prepare.py"
+    if not os.path.isdir(data_dir):
+        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "
+                        f"or set --data_dir)")
+    return data_dir, read_meta(data_dir), prepare_hint
+
+
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 
 

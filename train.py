@@ -27,11 +27,11 @@ import errors
 import hardware
 import parallel
 import schedule
-from checkpoint import (check_out_dir, gather_rng_states, load_checkpoint, model_from_checkpoint, pretrained_gpt2,
+from checkpoint import (check_out_dir, gather_rng_states, load_resume_checkpoint, model_from_checkpoint, pretrained_gpt2,
                         restore_training_state, save_kept_checkpoint, save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
 from evaluate import all_ranks_mean, draw_samples, estimate_loss
-from datafiles import read_meta
+from datafiles import find_dataset
 from model import GPT, GPTConfig
 from preemption import StopRequest
 from tokenizer import get_tokenizer
@@ -171,12 +171,7 @@ torch._functorch.config.activation_memory_budget = activation_memory_budget  # r
 ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-prepare_hint = f"python data/{dataset}/prepare.py"
-if not os.path.isdir(data_dir):
-    raise errors.UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "
-                           f"or set --data_dir)")
-meta = read_meta(data_dir)
+data_dir, meta, prepare_hint = find_dataset(dataset, data_dir)
 meta_vocab_size = meta['vocab_size'] if meta else None
 token_dtype = meta['dtype'] if meta else 'uint16'
 if meta_vocab_size:
@@ -199,14 +194,7 @@ if init_from == 'scratch':
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
-    # fsdp runs save sharded checkpoints (every rank its part); the rest a single ckpt.pt
-    sharded = parallel.sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
-    ckpt_path = sharded or os.path.join(out_dir, 'ckpt.pt')
-    print(f"Resuming training from {ckpt_path}")
-    if not sharded and parallel.sharded_checkpoint(out_dir) and not os.path.exists(ckpt_path):
-        raise errors.UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
-                               f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
-    checkpoint = parallel.load_train_state(sharded) if sharded else load_checkpoint(ckpt_path)
+    checkpoint, sharded, ckpt_path = load_resume_checkpoint(out_dir, parallelism)
     # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
     model_args = {**checkpoint['model_args'], 'dropout': dropout}
     # a sharded checkpoint's weights are loaded once the model is sharded too, below
