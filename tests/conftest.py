@@ -33,3 +33,20 @@ def gpt2_ranks_path():
     if not os.path.exists(_ranks):
         pytest.skip(f"{_ranks} not present")
     return _ranks
+
+
+def write_char_dataset(folder, text_path, chars=100000):
+    """A character-level dataset of the first `chars` characters of text_path in folder: meta.json, and
+    train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. Returns the folder."""
+    from datafiles import write_meta, write_tokens
+    from tokenizer import char_meta, get_tokenizer
+    with open(text_path) as f:
+        text = f.read()
+    meta = char_meta(text)
+    os.makedirs(folder, exist_ok=True)
+    write_meta(folder, meta)
+    ids = get_tokenizer(meta).encode(text[:chars])
+    split = chars * 9 // 10
+    write_tokens(os.path.join(folder, "train.bin"), ids[:split])
+    write_tokens(os.path.join(folder, "val.bin"), ids[split:])
+    return folder

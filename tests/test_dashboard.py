@@ -18,9 +18,8 @@ import urllib.request
 import pytest
 
 import dashboard
-from datafiles import write_meta, write_tokens
+from conftest import write_char_dataset
 from errors import UserError
-from tokenizer import char_meta, get_tokenizer
 from trainlog import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,13 +69,7 @@ def get(url):
 @pytest.fixture(scope="module")
 def char_data(shakespeare_text_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("dashboard_data")
-    with open(shakespeare_text_path) as f:
-        text = f.read()
-    meta = char_meta(text)
-    write_meta(d, meta)
-    ids = get_tokenizer(meta).encode(text[:100000])
-    write_tokens(d / "train.bin", ids[:90000])
-    write_tokens(d / "val.bin", ids[90000:])
+    write_char_dataset(d, shakespeare_text_path)
     return d
 
 

@@ -13,10 +13,10 @@ import torch
 
 import export
 from checkpoint import load_checkpoint, model_from_checkpoint
-from datafiles import write_meta, write_tokens
+from conftest import write_char_dataset
 from errors import UserError
 from model import GPT, GPTConfig
-from tokenizer import char_meta, get_tokenizer
+from tokenizer import get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
@@ -44,14 +44,7 @@ def ours(out_dir):
 @pytest.fixture(scope="module")
 def char_run(shakespeare_text_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("export_char")
-    with open(shakespeare_text_path) as f:
-        text = f.read()
-    meta = char_meta(text)
-    (d / "data").mkdir()
-    write_meta(d / "data", meta)
-    ids = get_tokenizer(meta).encode(text[:100000])
-    write_tokens(d / "data" / "train.bin", ids[:90000])
-    write_tokens(d / "data" / "val.bin", ids[90000:])
+    write_char_dataset(d / "data", shakespeare_text_path)
     # bias=False: transformers' GPT-2 always has biases, so the export fills in zeros
     return train(d / "data", d / "out", dataset="shakespeare_char", max_iters=20, bias=False)
 
