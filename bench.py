@@ -21,6 +21,7 @@ import decode
 import errors
 import hardware
 from model import GPT, GPTConfig
+import stepgraph
 
 # -----------------------------------------------------------------------------
 batch_sizes = '12,32'  # micro-batch sizes to time, comma separated
@@ -48,6 +49,7 @@ compile = True
 activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations in the backward to save memory
 check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
 fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (stepgraph.py), as train.py's option
 profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
 peak_flops = 0.0  # 0: from hardware.py's table
 out_json = 'bench.json'
@@ -62,6 +64,10 @@ dtype = hardware.resolve_dtype(dtype, device_type)
 ctx = hardware.autocast(device_type, dtype)
 torch.set_float32_matmul_precision('high')
 torch._functorch.config.activation_memory_budget = activation_memory_budget
+graph_problem = cuda_graph and stepgraph.problem(device_type, False, dtype, False)
+if graph_problem:
+    print(f"cuda_graph: off ({graph_problem})")
+    cuda_graph = False
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                          n_embd=n_embd, bias=bias, dropout=dropout)
 
@@ -82,7 +88,8 @@ def batches(B):
             xy = torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in ix]))
         else:
             xy = torch.randint(0, vocab_size, (B, block_size + 1), generator=g)
-        xy = xy.to(device)
+        # pinned, so the copy does not wait for the GPU (a pageable one syncs every step)
+        xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
         yield xy[:, :-1], xy[:, 1:]
 
 
@@ -141,6 +148,15 @@ def bench_train(B):
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
+    step = lambda: train_step(step_model, optimizer, model, data)
+    if cuda_graph:  # the same step, replayed from a graph
+        graph = stepgraph.StepGraph(step_model, optimizer, ctx, grad_clip, 1, B, block_size, device)
+        batch = next(data)
+
+        def step():
+            nonlocal batch
+            *batch, loss, _ = graph.run(*batch, lambda: next(data), learning_rate)
+            return loss
     if device_type == 'cuda':
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -148,15 +164,15 @@ def bench_train(B):
         if i == warmup_steps:
             sync()
             t0 = time.perf_counter()
-        loss = train_step(step_model, optimizer, model, data)
+        loss = step()
     lossf = loss.item()  # also a sync point
     sync()
     dt = (time.perf_counter() - t0) / timed_steps
     if profile:
-        write_profile(B, lambda: train_step(step_model, optimizer, model, data))
+        write_profile(B, step)
     mfu = model.estimate_mfu(B, dt, peak_flops or None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else None
-    del model, optimizer, step_model
+    del model, optimizer, step_model, step
     return dict(batch_size=B, ms_per_step=dt * 1000, tokens_per_s=B * block_size / dt,
                 mfu=mfu, peak_mem_gib=peak, final_loss=lossf)
 
@@ -165,6 +181,8 @@ def bench_generate(B):
     torch.manual_seed(seed)
     model = GPT(model_config).to(device).eval()
     gen_ctx = hardware.for_generation(model, device_type, dtype)  # bf16 weights on a GPU, as sample.py
+    # compile as sample.py --compile=True does: the decode step, which the CUDA graph then replays
+    decode.compile_step = hardware.can_compile(compile, device_type)
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
     with gen_ctx:
         # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
@@ -209,7 +227,8 @@ for B in [int(b) for b in gen_batch_sizes.split(',') if b]:
 with open(out_json, 'w') as f:
     json.dump(results, f, indent=1)
 
-print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, git {results['git']}")
+print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
+      f"cuda_graph {cuda_graph}, git {results['git']}")
 print("| micro-batch | ms/step | tokens/s | MFU | peak memory |")
 print("| --- | --- | --- | --- | --- |")
 for r in results['train']:

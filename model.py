@@ -168,7 +168,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cache=None, rope=None):
         B, T, C = x.size()
         hs, kv_size = self.head_size, self.n_kv_head * self.head_size
-        q, k, v = self.c_attn(x).split([C, kv_size, kv_size], dim=2)
+        qkv = self.c_attn(x)
+        q, k, v = qkv.split([C, kv_size, kv_size], dim=2)
         # (B, T, nh * hs) -> (B, nh, T, hs)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
@@ -180,8 +181,12 @@ class CausalSelfAttention(nn.Module):
             # every prompt length is a new shape, for which cuDNN attention builds a new plan (~2 ms of CPU
             # per call on an H100), so generation leaves it out
             kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
+            # the new keys and values by position, (B, T, 2, n_kv_head, hs): without rotary embeddings a view
+            # of qkv, so the cache takes both in one copy
+            new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if rope is None else
+                   torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
             # a decode.KVCache: the keys of its whole capacity, and a mask of those each query may see
-            k, v, mask = cache.update(self.layer_idx, k, v)
+            k, v, mask = cache.update(self.layer_idx, new)
             is_causal = False
         if self.n_kv_head != self.n_head:
             # grouped-query attention: key/value head j serves query heads j*g .. j*g+g-1 (transformers'
@@ -434,11 +439,16 @@ class GPT(nn.Module):
             else:
                 logits = logits / temperature
                 if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    # the k-th largest logit: unsorted top-k and its min (sorting the k costs more)
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)), sorted=False)
                     # masked_fill, not logits[mask] = ...: boolean indexing may wait for the GPU
-                    logits = logits.masked_fill(logits < v[:, -1:], -float("Inf"))
+                    logits = logits.masked_fill(logits < v.min(dim=-1, keepdim=True).values, -float("Inf"))
                 probs = F.softmax(logits.float(), dim=-1)
-                idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+                # torch.multinomial's own draw for one sample (argmax of probs / Exponential(1) noise), the
+                # same tokens from the same generator, without its input checks: on CUDA three reductions
+                # and an assert, ~25 us of a ~1 ms token at batch 1
+                noise = torch.empty_like(probs).exponential_(1, generator=generator)
+                idx_next = (probs / noise).argmax(dim=-1, keepdim=True)
             idx = torch.cat((idx, idx_next), dim=1)
             if progress is not None:
                 progress()

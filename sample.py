@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 import configurator
+import decode
 import errors
 import hardware
 from checkpoint import load_model
@@ -26,14 +27,15 @@ top_k = 200  # retain only the top_k most likely tokens, clamp others to have 0 
 seed = 1337
 device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
-compile = False  # use PyTorch 2.0 to compile the model to be faster
+compile = False  # compile the one-token decode step: ~10% faster per token, after ~10 s of compiling
 # -----------------------------------------------------------------------------
 errors.install()
 configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
 # -----------------------------------------------------------------------------
 
 torch.manual_seed(seed)
-torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
+# no TF32: bf16/fp16 generation does not use it, and dtype=float32 asks for float32 (whose greedy decoding
+# gives exactly the uncached path's tokens; docs/benchmarks.md)
 device = hardware.resolve_device(device)
 device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
@@ -49,8 +51,10 @@ model.eval()
 model.to(device)
 # on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
 ctx = hardware.for_generation(model, device_type, dtype)
-# the prompt's length changes the prefill's shape (the decode step's stays fixed): compile with dynamic shapes
-model.forward = hardware.maybe_compile(model.forward, compile, device_type, dynamic=True)
+# compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)
+decode.compile_step = hardware.can_compile(compile, device_type)
+if decode.compile_step:
+    print("compiling the decode step at the first new token (~10 s)")
 
 # encode the beginning of the prompt
 if start.startswith('FILE:'):

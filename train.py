@@ -27,6 +27,7 @@ import errors
 import hardware
 import parallel
 import schedule
+import stepgraph
 from checkpoint import (check_out_dir, gather_rng_states, load_resume_checkpoint, model_from_checkpoint, pretrained_gpt2,
                         restore_training_state, save_kept_checkpoint, save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
@@ -111,6 +112,7 @@ dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
 activation_memory_budget = 1.0  # compile: below 1 (e.g. 0.75), recompute cheap activations in the backward
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see stepgraph.py)
 seed = 1337
 peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in hardware.py's table
 # -----------------------------------------------------------------------------
@@ -269,6 +271,14 @@ if init_from == 'resume':
 wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed: the same wandb run goes on
 checkpoint = None  # free up memory
 
+# the whole training step as one CUDA graph (stepgraph.py), where it can be: captured at the first step
+step_graph, graph_problem = None, cuda_graph and stepgraph.problem(device_type, ddp, dtype, activation_checkpointing)
+if graph_problem:
+    print(f"cuda_graph: off ({graph_problem})")
+elif cuda_graph:
+    step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
+                                     block_size, device)
+
 
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
@@ -289,7 +299,7 @@ def save(name=None):
     if parallelism == 'fsdp' and ddp:
         parallel.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
     else:  # save_training_checkpoint adds 'rng': every rank's random state
-        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), **state}
+        state = {'model': raw_model.state_dict(), 'optimizer': stepgraph.portable(optimizer.state_dict()), **state}
         save_training_checkpoint(out_dir, state, keep_checkpoints) if name is None else \
             save_kept_checkpoint(out_dir, state, name, keep_last)
 
@@ -331,7 +341,7 @@ while True:
 
     # determine and set the learning rate for this iteration
     lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
-    for param_group in optimizer.param_groups:
+    for param_group in optimizer.param_groups if step_graph is None else []:  # the graph's is a tensor it sets
         param_group['lr'] = lr
 
     # evaluate the loss on train/val sets (and HellaSwag) and write checkpoints; at the end too, so the last
@@ -371,30 +381,38 @@ while True:
 
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
-    loss_sum = 0.0
-    for micro_step in range(gradient_accumulation_steps):
-        # gradients are reduced across ranks only at the last micro step
-        parallel.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
-        with ctx:
-            logits, loss = model(X, Y)
-            loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
-        loss_sum += loss.detach()  # the step's mean loss, without a CPU-GPU sync
-        # immediately async prefetch next batch while model is doing the forward pass on the GPU
-        X, Y = train_loader.next_batch()
-        # backward pass, with gradient scaling if training in fp16
-        scaler.scale(loss).backward()
-    # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
-    scaler.unscale_(optimizer)
-    grad_norm = parallel.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
+    if step_graph is not None:
+        # the same step replayed from a CUDA graph; it skips a non-finite update itself, on the GPU
+        X, Y, loss_sum, grad_norm = step_graph.run(X, Y, train_loader.next_batch, lr)
+        grad_norm = float(grad_norm)
+    else:
+        loss_sum = 0.0
+        for micro_step in range(gradient_accumulation_steps):
+            # gradients are reduced across ranks only at the last micro step
+            parallel.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
+            with ctx:
+                logits, loss = model(X, Y)
+                loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
+            loss_sum += loss.detach()  # the step's mean loss, without a CPU-GPU sync
+            # immediately async prefetch next batch while model is doing the forward pass on the GPU
+            X, Y = train_loader.next_batch()
+            # backward pass, with gradient scaling if training in fp16
+            scaler.scale(loss).backward()
+        # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
+        scaler.unscale_(optimizer)
+        grad_norm = parallel.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
+        # a NaN/inf loss or gradient: skip this update rather than poison the weights (fp16: the scaler
+        # skips it itself, and lowers its scale)
+        if math.isfinite(grad_norm) or dtype == 'float16':
+            scaler.step(optimizer)
+        scaler.update()
+        # flush the gradients as soon as we can, no need for this memory anymore
+        optimizer.zero_grad(set_to_none=True)
     if math.isfinite(grad_norm):
         nonfinite_in_a_row = 0
-        scaler.step(optimizer)  # fp16: skipped by the scaler itself when it found inf/nan
     else:
-        # a NaN/inf loss or gradient: skip this update rather than poison the weights
         skipped_steps += 1
         nonfinite_in_a_row += 1
-        if dtype == 'float16':
-            scaler.step(optimizer)  # the scaler skips it, and lowers its scale below
         if master_process:
             print(f"iter {iter_num}: non-finite gradient norm, update skipped ({nonfinite_in_a_row} in a row)")
         if nonfinite_in_a_row >= max_nonfinite_steps:
@@ -402,9 +420,6 @@ while True:
                 f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
                 f"(max_nonfinite_steps={max_nonfinite_steps}); the last good checkpoint is in {out_dir}. "
                 f"Try a lower learning_rate, dtype=bfloat16, or check the data")
-    scaler.update()
-    # flush the gradients as soon as we can, no need for this memory anymore
-    optimizer.zero_grad(set_to_none=True)
 
     # timing and logging
     t1 = time.time()

@@ -39,10 +39,12 @@ class FakeGraph(TorchDispatchMode):
 
     def replay(self):
         for func, args, kwargs, out in self.ops:
+            # on the raw memory, as a graph's kernels: detached, autograd neither records nor checks anything
+            args, kwargs = pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, (args, kwargs))
             new = func(*args, **kwargs)
             for o, n in zip(pytree.tree_leaves(out), pytree.tree_leaves(new)):
                 if isinstance(o, torch.Tensor) and o.data_ptr() != n.data_ptr():  # not in place, not a view
-                    o.copy_(n)
+                    o.detach().copy_(n)
 
 
 @pytest.fixture
@@ -130,6 +132,22 @@ def test_a_kept_graph_is_reused_and_rebuilt_when_what_it_captured_changes(fake_g
     assert len(fake_graphs) == 3 and model._decoder is fake_graphs[-1]
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager-step", "graph-step"])
+def test_compiled_step_matches_uncached(monkeypatch, fake_graphs, graphs):
+    # sample.py --compile=True: the one-token step is compiled with fixed shapes (here with dynamo's eager
+    # backend, which traces the same way in seconds), once per decoder; the prompt runs uncompiled
+    compiled, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(kw) or real_compile(m, backend="eager", **kw))
+    monkeypatch.setattr(decode, "compile_step", True)
+    if not graphs:
+        monkeypatch.setattr(decode, "uses_graphs", lambda model, device: False)
+    model = tiny("llama")
+    idx = torch.randint(0, 101, (2, 5))
+    fast = model.generate(idx, 20, temperature=0)
+    assert torch.equal(fast, model.generate(idx, 20, temperature=0, use_cache=False))
+    assert compiled == [dict(dynamic=False)] and len(fake_graphs) == int(graphs)
+
+
 def test_progress_counts_every_new_token():
     model = tiny("gpt2")
     for use_cache in (True, False):
@@ -148,3 +166,13 @@ def test_cuda_graphs_match_uncached(family):
     assert model._decoder.graph is not None
     assert torch.equal(graphed, model.generate(idx, 40, temperature=0, use_cache=False))
     assert torch.equal(model.generate(idx, 40, temperature=0), graphed)  # the kept graph, replayed again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_of_the_compiled_step(monkeypatch):
+    monkeypatch.setattr(decode, "compile_step", True)
+    model = tiny("gpt2", n_embd=64).cuda().to(torch.bfloat16)
+    idx = torch.randint(0, 101, (3, 5), device="cuda")
+    graphed = model.generate(idx, 40, temperature=0)
+    assert model._decoder.graph is not None and model._decoder.step_model is not model
+    assert torch.equal(graphed, model.generate(idx, 40, temperature=0, use_cache=False))

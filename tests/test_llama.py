@@ -98,8 +98,7 @@ def test_the_cache_holds_the_key_value_heads_only():
     cache = KVCache(model.config.n_layer, 16, "cpu")
     with torch.no_grad():
         model(torch.randint(0, 101, (3, 5)), cache=cache)
-    k, v = cache.kv[0]
-    assert k.shape == v.shape == (3, 1, 16, 8) and cache.pos.item() == 5
+    assert cache.kv[0].shape == (3, 16, 2, 1, 8) and cache.pos.item() == 5  # (B, capacity, k/v, heads, hs)
 
 
 def test_helpers_work_for_llama():

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import GPT, GPTConfig
 
@@ -91,6 +92,19 @@ def test_sampling_uses_the_given_generator_only():
     torch.manual_seed(123)  # the global stream must not matter
     b = model.generate(idx, 20, top_k=50, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
+
+
+def test_sampling_draws_what_torch_multinomial_draws():
+    # generate() draws without torch.multinomial's input checks, but must draw the same tokens from the
+    # same generator state: softmax over the top-k logits (temperature applied), then multinomial
+    model = tiny().eval()
+    idx = torch.randint(0, 101, (8, 5))
+    drawn = model.generate(idx, 1, temperature=0.8, top_k=20, use_cache=False,
+                           generator=torch.Generator().manual_seed(7))[:, -1:]
+    logits = model(idx)[0][:, -1] / 0.8
+    logits[logits < logits.topk(20).values[:, -1:]] = -float('inf')
+    expected = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(drawn, expected)
 
 
 def test_crop_block_size():

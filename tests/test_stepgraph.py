@@ -1,0 +1,170 @@
+"""
+stepgraph.py: the training step replayed from a CUDA graph. On the CPU the step runs eagerly, and the
+FakeGraph of test_decode.py stands in for the graph: it records the step's ops on their tensors and reruns
+them, as a graph reruns its kernels on the same addresses, so a step that read a value back to the CPU,
+baked in a Python number (the learning rate) or relied on zero_grad between steps fails here. Both must
+train exactly as train.py's plain loop does. The last test captures a real graph on CUDA.
+"""
+import copy
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn as nn
+
+import stepgraph
+from model import GPT, GPTConfig
+from test_decode import FakeGraph
+
+B, T, V = 4, 16, 64
+
+
+class Scaled(nn.Module):
+    """A GPT whose loss is multiplied by a buffer: setting it to NaN makes one step non-finite."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.register_buffer('scale', torch.ones(()))
+
+    def forward(self, x, y):
+        logits, loss = self.model(x, y)
+        return logits, loss * self.scale
+
+
+def tiny(device='cpu'):
+    torch.manual_seed(0)
+    return Scaled(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=V, dropout=0.0))).to(device)
+
+
+def adamw(model):
+    # train.py's optimizer on CUDA is fused AdamW; the CPU has a fused one too
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+
+def batches(n, device='cpu'):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, V, (B, T), generator=g).to(device), torch.randint(0, V, (B, T), generator=g).to(device))
+            for _ in range(n)]
+
+
+def plain_step(model, optimizer, data, accum, lr):
+    """train.py's loop without the graph: micro-steps, clip at 1.0, skip a non-finite update."""
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+    loss_sum = 0.0
+    for _ in range(accum):
+        _, loss = model(*next(data))
+        loss = loss / accum
+        loss_sum += loss.item()
+        loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
+    if norm == norm and abs(norm) != float('inf'):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, norm
+
+
+def fake_capture(self):
+    """As StepGraph.capture, with a FakeGraph: recording runs the step, so undo what it did to the weights
+    and the optimizer (a real capture runs nothing)."""
+    self.optimizer.zero_grad(set_to_none=True)
+    self.body(update=False)  # the warm-up: the optimizer's state exists before the capture
+    self.optimizer.zero_grad(set_to_none=True)
+    saved = copy.deepcopy((self.model.state_dict(), self.optimizer.state_dict()))
+    self.graph = FakeGraph()
+    with self.graph:
+        self.out = self.body()
+    self.model.load_state_dict(saved[0])
+    with torch.no_grad():  # in place: the recording holds these very tensors
+        for group, saved_group in zip(self.optimizer.param_groups, saved[1]['param_groups']):
+            for p, i in zip(group['params'], saved_group['params']):
+                for k, v in self.optimizer.state[p].items():
+                    v.copy_(saved[1]['state'][i][k])
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "fake-graph"])
+@pytest.mark.parametrize("accum", [1, 3])
+def test_graph_step_trains_as_the_plain_loop(monkeypatch, graphed, accum):
+    if graphed:
+        monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    steps = 6
+    ref, model = tiny(), tiny()
+    ref_opt, opt = adamw(ref), adamw(model)
+    data = batches(steps * accum + 1)
+    lrs = [2**-10 * (i + 1) for i in range(steps)]  # a schedule (exact in float32): each replay reads its rate
+    ref_data, graph_data = iter(data), iter(data)
+    graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, accum, B, T, 'cpu', graphed=graphed)
+    X, Y = next(graph_data)
+    for lr in lrs:
+        ref_loss, ref_norm = plain_step(ref, ref_opt, ref_data, accum, lr)
+        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), lr)
+        assert loss.item() == pytest.approx(ref_loss, rel=1e-6) and norm.item() == pytest.approx(ref_norm, rel=1e-6)
+    # the same kernels on the same numbers: exactly equal (with learning rates that float32 holds exactly)
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    assert opt.state[next(model.parameters())]['step'].item() == steps
+    assert (graph.graph is not None) == graphed
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "fake-graph"])
+def test_a_non_finite_step_is_skipped_on_the_device(monkeypatch, graphed):
+    if graphed:
+        monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    ref, model = tiny(), tiny()
+    ref_opt, opt = adamw(ref), adamw(model)
+    data = batches(5)
+    ref_data, graph_data = iter(data), iter(data)
+    graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=graphed)
+    X, Y = next(graph_data)
+    norms = []
+    for i in range(4):
+        model.scale.fill_(float('nan') if i == 2 else 1.0)
+        ref.scale.fill_(float('nan') if i == 2 else 1.0)
+        plain_step(ref, ref_opt, ref_data, 1, 2**-10)
+        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), 2**-10)
+        norms.append(norm.item())
+    assert norms[2] != norms[2] and all(n == n for n in norms[:2] + norms[3:])  # only step 2 is NaN
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    assert opt.state[next(model.parameters())]['step'].item() == 3  # the skipped step is not counted
+
+
+def test_portable_state_resumes_without_the_graph():
+    model = tiny()
+    opt = adamw(model)
+    stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=False)
+    state = stepgraph.portable(opt.state_dict())
+    assert all(g['lr'] == 0.0 and type(g['lr']) is float and g['capturable'] is False for g in state['param_groups'])
+    # a plain (not fused, not capturable) optimizer on the CPU takes it and steps
+    plain = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plain.load_state_dict(state)
+    _, loss = model(*batches(1)[0])
+    loss.backward()
+    plain.step()
+
+
+def test_where_the_graph_cannot_run():
+    assert stepgraph.problem('cuda', False, 'bfloat16', False) is None
+    assert 'CUDA' in stepgraph.problem('cpu', False, 'float32', False)
+    assert 'torchrun' in stepgraph.problem('cuda', True, 'bfloat16', False)
+    assert 'bfloat16' in stepgraph.problem('cuda', False, 'float16', False)
+    assert 'activation_checkpointing' in stepgraph.problem('cuda', False, 'bfloat16', True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_step_matches_the_plain_loop():
+    """A real capture: the replayed step trains as the eager one does (the same kernels)."""
+    ref, model = tiny('cuda'), tiny('cuda')
+    ref_opt, opt = adamw(ref), adamw(model)
+    data = batches(7, 'cuda')
+    ref_data, graph_data = iter(data), iter(data)
+    graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cuda')
+    X, Y = next(graph_data)
+    for i in range(6):
+        ref_loss, _ = plain_step(ref, ref_opt, ref_data, 1, 2**-10 * (i + 1))
+        X, Y, loss, _ = graph.run(X, Y, lambda: next(graph_data), 2**-10 * (i + 1))
+        assert loss.item() == ref_loss
+    assert graph.graph is not None
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
