@@ -20,8 +20,8 @@ import configurator
 import decode
 import errors
 import hardware
-from model import GPT, GPTConfig
 import stepgraph
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 batch_sizes = '12,32'  # micro-batch sizes to time, comma separated

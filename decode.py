@@ -79,7 +79,7 @@ class Decoder:
         self.token.copy_(token)
         if self.step_model is None:
             # compiled for this one shape: fusing the small kernels makes a token ~10% faster, for a compile
-            # of ~10 s at the first step (the prompt, whose length varies, runs eagerly)
+            # of ~10-20 s at the first step (the prompt, whose length varies, runs eagerly)
             self.step_model = torch.compile(model, dynamic=False) if self.compiled else model
         if not self.graphed:
             return self.step_model(self.token, cache=self.cache)[0][:, -1]

@@ -27,7 +27,7 @@ top_k = 200  # retain only the top_k most likely tokens, clamp others to have 0 
 seed = 1337
 device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
-compile = False  # compile the one-token decode step: ~10% faster per token, after ~10 s of compiling
+compile = False  # compile the one-token decode step: ~10% faster per token, after ~10-20 s of compiling
 # -----------------------------------------------------------------------------
 errors.install()
 configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
@@ -54,7 +54,7 @@ ctx = hardware.for_generation(model, device_type, dtype)
 # compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)
 decode.compile_step = hardware.can_compile(compile, device_type)
 if decode.compile_step:
-    print("compiling the decode step at the first new token (~10 s)")
+    print("compiling the decode step at the first new token (~10-20 s)")
 
 # encode the beginning of the prompt
 if start.startswith('FILE:'):
