@@ -5,16 +5,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-python - <<'PY'
-import json, os, numpy as np
-from datafiles import write_shard
-os.makedirs('data/synth', exist_ok=True)
-rng = np.random.default_rng(0)
-write_shard('data/synth/synth_val_000000.bin', rng.integers(0, 50257, 4_000_000))
-for i in (1, 2):
-    write_shard(f'data/synth/synth_train_00000{i}.bin', rng.integers(0, 50257, 40_000_000))
-json.dump({"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "format": "shards"}, open('data/synth/meta.json', 'w'))
-PY
+python docs/synth_data.py
 RUN="--dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1"
 TR="torchrun --standalone --nproc_per_node=2 train.py"
 summary() { python - "$@" <<'PY'
