@@ -64,10 +64,7 @@ dtype = hardware.resolve_dtype(dtype, device_type)
 ctx = hardware.autocast(device_type, dtype)
 torch.set_float32_matmul_precision('high')
 torch._functorch.config.activation_memory_budget = activation_memory_budget
-graph_problem = cuda_graph and stepgraph.problem(device_type, False, dtype, False)
-if graph_problem:
-    print(f"cuda_graph: off ({graph_problem})")
-    cuda_graph = False
+cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
                          n_embd=n_embd, bias=bias, dropout=dropout)
 
@@ -148,7 +145,6 @@ def bench_train(B):
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
-    step = lambda: train_step(step_model, optimizer, model, data)
     if cuda_graph:  # the same step, replayed from a graph
         graph = stepgraph.StepGraph(step_model, optimizer, ctx, grad_clip, 1, B, block_size, device)
         batch = next(data)
@@ -157,6 +153,9 @@ def bench_train(B):
             nonlocal batch
             *batch, loss, _ = graph.run(*batch, lambda: next(data), learning_rate)
             return loss
+    else:
+        def step():
+            return train_step(step_model, optimizer, model, data)
     if device_type == 'cuda':
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -172,7 +171,6 @@ def bench_train(B):
         write_profile(B, step)
     mfu = model.estimate_mfu(B, dt, peak_flops or None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else None
-    del model, optimizer, step_model, step
     return dict(batch_size=B, ms_per_step=dt * 1000, tokens_per_s=B * block_size / dt,
                 mfu=mfu, peak_mem_gib=peak, final_loss=lossf)
 

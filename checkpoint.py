@@ -73,18 +73,32 @@ def gather_rng_states():
     return states
 
 
-def save_training_checkpoint(out_dir, state, keep=0):
-    """Every rank calls this: each adds its random state under 'rng'; rank 0 writes out_dir/ckpt.pt
-    (and keeps a numbered copy when keep > 0); nobody moves on, or exits, before it is on disk."""
+def save_training_checkpoint(out_dir, state, name=None, keep=0):
+    """Every rank calls this: each adds its random state under 'rng'; rank 0 writes out_dir/ckpt.pt, and keeps
+    the last `keep` of them as numbered copies (0: none). With a name, out_dir/<name> instead: a checkpoint
+    kept beside ckpt.pt, which it leaves alone (e.g. ckpt-tok<tokens>-val<loss>.pt), and only the last `keep`
+    of its kind (0: all). Nobody moves on, or exits, before it is on disk."""
     ddp = dist.is_available() and dist.is_initialized()
     rng = gather_rng_states()
     if not ddp or dist.get_rank() == 0:
-        path = os.path.join(out_dir, "ckpt.pt")
+        path = os.path.join(out_dir, name or "ckpt.pt")
         print(f"saving checkpoint to {path}")
-        if save_checkpoint({**state, "rng": rng}, path) and keep > 0:
-            keep_numbered_copy(path, state["iter_num"], keep)
+        state = {**state, "optimizer": portable(state["optimizer"]), "rng": rng}
+        if save_checkpoint(state, path) and keep > 0:
+            if name is None:
+                keep_numbered_copy(path, state["iter_num"], keep)
+            else:
+                prune_checkpoints(out_dir, name, keep)
     if ddp:
         dist.barrier()
+
+
+def portable(optimizer_state):
+    """An optimizer state_dict as an eager run keeps it (a float learning rate, capturable off: what
+    stepgraph.py's CUDA graph changes), so that any checkpoint resumes anywhere, on a CPU too."""
+    for group in optimizer_state["param_groups"]:
+        group["lr"], group["capturable"] = float(group["lr"]), False
+    return optimizer_state
 
 
 def load_checkpoint(path):
@@ -184,25 +198,9 @@ def keep_numbered_copy(path, iter_num, keep):
         print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")
 
 
-def save_kept_checkpoint(out_dir, state, name, keep=0):
-    """A checkpoint kept beside ckpt.pt, which it leaves alone (e.g. ckpt-tok<tokens>-val<loss>.pt). Every rank
-    calls this, as save_training_checkpoint; rank 0 writes out_dir/<name>, then keeps only the last `keep`
-    (0: all) checkpoints of its kind."""
-    ddp = dist.is_available() and dist.is_initialized()
-    rng = gather_rng_states()
-    if not ddp or dist.get_rank() == 0:
-        path = os.path.join(out_dir, name)
-        print(f"saving checkpoint to {path}")
-        if save_checkpoint({**state, "rng": rng}, path) and keep > 0:
-            prune_checkpoints(out_dir, name, keep)
-    if ddp:
-        dist.barrier()
-
-
 def prune_checkpoints(folder, name, keep):
     """Remove all but the last `keep` .pt files of name's kind: named like it up to its first digit, then a
     number (ckpt-tok<N>...), ordered by that number (not by name: tok900 comes before tok1000)."""
-    import re
     prefix = re.match(r"\D*", name).group()
     kind = re.compile(re.escape(prefix) + r"(\d+).*\.pt")
     copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := kind.fullmatch(f)))

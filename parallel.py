@@ -11,6 +11,7 @@ How the model is spread over the processes torchrun starts, and the checkpoints 
 """
 import os
 import shutil
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,22 @@ from errors import UserError
 
 DCP_DIR = "ckpt_dcp"
 TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
+
+
+def init_process(device, backend, timeout_minutes):
+    """Under torchrun, join the process group, each process on the GPU of its local rank. Returns (under
+    torchrun?, rank, local rank, world size, this process's device); one process alone is rank 0 of 1."""
+    if int(os.environ.get("RANK", -1)) == -1:
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    cuda = device.split(":")[0] == "cuda"
+    if cuda:
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    timeout = timedelta(minutes=timeout_minutes)
+    dist.init_process_group(backend=backend or ("nccl" if cuda else "gloo"), timeout=timeout,
+                            device_id=torch.device(device) if cuda else None)
+    return True, rank, local_rank, world_size, device
 
 
 def wrap(model, parallelism, device_type, local_rank, dtype, reduce_fp32=True, compile=False):

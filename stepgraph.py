@@ -108,9 +108,9 @@ def problem(device_type, distributed, dtype, activation_checkpointing):
     return None
 
 
-def portable(optimizer_state):
-    """An optimizer state_dict as an eager run keeps it (a float learning rate, capturable off), so that a
-    checkpoint written with the graph resumes anywhere, on a CPU too."""
-    for group in optimizer_state['param_groups']:
-        group['lr'], group['capturable'] = float(group['lr']), False
-    return optimizer_state
+def can_graph(cuda_graph, device_type, distributed, dtype, activation_checkpointing):
+    """Whether to replay the step from a graph: asked for, and able to work here (else say why not)."""
+    why = cuda_graph and problem(device_type, distributed, dtype, activation_checkpointing)
+    if why:
+        print(f"cuda_graph: off ({why})")
+    return bool(cuda_graph and not why)

@@ -16,7 +16,6 @@ _launch_time = time.time()  # for "N s since launch" in the log (private: not a 
 import math
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch._functorch.config
@@ -29,7 +28,7 @@ import parallel
 import schedule
 import stepgraph
 from checkpoint import (check_out_dir, gather_rng_states, load_resume_checkpoint, model_from_checkpoint, pretrained_gpt2,
-                        restore_training_state, save_kept_checkpoint, save_training_checkpoint, set_rng_state)
+                        restore_training_state, save_training_checkpoint, set_rng_state)
 from dataloader import make_loader
 from evaluate import all_ranks_mean, draw_samples, estimate_loss
 from datafiles import find_dataset
@@ -131,33 +130,18 @@ if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 o
     raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                            "positive, max_iters not negative")
 
-# various inits, derived attributes, I/O setup
-ddp = int(os.environ.get('RANK', -1)) != -1  # is this a ddp run?
+# various inits, derived attributes, I/O setup; under torchrun, one process per GPU (ranks 0 of 1 otherwise)
 device = hardware.resolve_device(device)
+ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = parallel.init_process(device, backend, dist_timeout_minutes)
 device_type = device.split(':')[0]
-if ddp:
-    ddp_rank = int(os.environ['RANK'])
-    ddp_local_rank = int(os.environ['LOCAL_RANK'])
-    ddp_world_size = int(os.environ['WORLD_SIZE'])
-    if device_type == 'cuda':
-        device = f'cuda:{ddp_local_rank}'
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend or ('nccl' if device_type == 'cuda' else 'gloo'),
-                            timeout=timedelta(minutes=dist_timeout_minutes),
-                            device_id=torch.device(device) if device_type == 'cuda' else None)
-    master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
-    seed_offset = ddp_rank  # each process gets a different seed
-    # world_size number of processes will be training simultaneously, so we can scale
-    # down the desired gradient accumulation iterations per process proportionally
-    if gradient_accumulation_steps % ddp_world_size:
-        raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                               f"the {ddp_world_size} DDP processes: use a multiple of {ddp_world_size}")
-    gradient_accumulation_steps //= ddp_world_size
-else:
-    # if not ddp, we are running on a single device, and one process
-    master_process = True
-    seed_offset = 0
-    ddp_rank, ddp_world_size = 0, 1
+master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
+seed_offset = ddp_rank  # each process gets a different seed
+# world_size number of processes will be training simultaneously, so we can scale
+# down the desired gradient accumulation iterations per process proportionally
+if gradient_accumulation_steps % ddp_world_size:
+    raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                           f"the {ddp_world_size} DDP processes: use a multiple of {ddp_world_size}")
+gradient_accumulation_steps //= ddp_world_size
 dtype = hardware.resolve_dtype(dtype, device_type)
 tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
 if master_process:
@@ -252,7 +236,7 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     parallel.checkpoint_activations(raw_model)
-model = parallel.wrap(model, parallelism, device_type, ddp_local_rank if ddp else 0, dtype,
+model = parallel.wrap(model, parallelism, device_type, ddp_local_rank, dtype,
                       fsdp_reduce_fp32, hardware.can_compile(compile, device_type))
 eval_model = parallel.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
@@ -272,10 +256,8 @@ wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed
 checkpoint = None  # free up memory
 
 # the whole training step as one CUDA graph (stepgraph.py), where it can be: captured at the first step
-step_graph, graph_problem = None, cuda_graph and stepgraph.problem(device_type, ddp, dtype, activation_checkpointing)
-if graph_problem:
-    print(f"cuda_graph: off ({graph_problem})")
-elif cuda_graph:
+step_graph = None
+if stepgraph.can_graph(cuda_graph, device_type, ddp, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
                                      block_size, device)
 
@@ -299,9 +281,8 @@ def save(name=None):
     if parallelism == 'fsdp' and ddp:
         parallel.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
     else:  # save_training_checkpoint adds 'rng': every rank's random state
-        state = {'model': raw_model.state_dict(), 'optimizer': stepgraph.portable(optimizer.state_dict()), **state}
-        save_training_checkpoint(out_dir, state, keep_checkpoints) if name is None else \
-            save_kept_checkpoint(out_dir, state, name, keep_last)
+        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), **state}
+        save_training_checkpoint(out_dir, state, name, keep_last if name else keep_checkpoints)
 
 
 def elapsed():

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 import stepgraph
+from checkpoint import portable
 from model import GPT, GPTConfig
 from test_decode import FakeGraph
 
@@ -134,7 +135,7 @@ def test_portable_state_resumes_without_the_graph():
     model = tiny()
     opt = adamw(model)
     stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=False)
-    state = stepgraph.portable(opt.state_dict())
+    state = portable(opt.state_dict())
     assert all(g['lr'] == 0.0 and type(g['lr']) is float and g['capturable'] is False for g in state['param_groups'])
     # a plain (not fused, not capturable) optimizer on the CPU takes it and steps
     plain = torch.optim.AdamW(model.parameters(), lr=1e-3)
