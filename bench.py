@@ -17,10 +17,7 @@ import torch
 import torch._functorch.config
 
 import configurator
-import decode
-import errors
-import hardware
-import stepgraph
+from gpt import errors, generation, hardware, stepgraph
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -49,9 +46,9 @@ compile = True
 activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations in the backward to save memory
 check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
 fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
-cuda_graph = False  # True: replay the whole training step from a CUDA graph (stepgraph.py), as train.py's option
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (gpt/stepgraph.py), as train.py's option
 profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
-peak_flops = 0.0  # 0: from hardware.py's table
+peak_flops = 0.0  # 0: from gpt/hardware.py's table
 out_json = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
@@ -125,7 +122,7 @@ def check_fast_path(B):
     x, y = next(batches(B))
     out = []
     for fast in (False, True):
-        model.fused_loss = fast
+        model.config.fused_loss = fast
         step_model = hardware.maybe_compile(model, compile and fast, device_type)
         model.zero_grad(set_to_none=True)
         with ctx:
@@ -141,7 +138,7 @@ def check_fast_path(B):
 def bench_train(B):
     torch.manual_seed(seed)
     model = GPT(model_config).to(device)
-    model.fused_loss = fused_loss
+    model.config.fused_loss = fused_loss
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
@@ -169,7 +166,7 @@ def bench_train(B):
     dt = (time.perf_counter() - t0) / timed_steps
     if profile:
         write_profile(B, step)
-    mfu = model.estimate_mfu(B, dt, peak_flops or None)
+    mfu = model.estimate_mfu(B, dt, peak_flops or hardware.peak_flops(device))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device_type == 'cuda' else None
     return dict(batch_size=B, ms_per_step=dt * 1000, tokens_per_s=B * block_size / dt,
                 mfu=mfu, peak_mem_gib=peak, final_loss=lossf)
@@ -180,7 +177,7 @@ def bench_generate(B):
     model = GPT(model_config).to(device).eval()
     gen_ctx = hardware.for_generation(model, device_type, dtype)  # bf16 weights on a GPU, as sample.py
     # compile as sample.py --compile=True does: the decode step, which the CUDA graph then replays
-    decode.compile_step = hardware.can_compile(compile, device_type)
+    generation.compile_step = hardware.can_compile(compile, device_type)
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
     with gen_ctx:
         # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
@@ -193,7 +190,7 @@ def bench_generate(B):
         # the cache (and the graph) must not change the result: greedy decoding with and without it
         greedy = model.generate(prompt, 128, temperature=0)
         plain = model.generate(prompt, 128, temperature=0, use_cache=False)
-    graphs = decode.uses_graphs(model, device)
+    graphs = generation.uses_graphs(model, device)
     del model
     return dict(batch_size=B, new_tokens=gen_tokens, seconds=dt, tokens_per_s=B * gen_tokens / dt,
                 cuda_graph=graphs, greedy_matches_uncached=bool(torch.equal(greedy, plain)))

@@ -14,7 +14,7 @@ import ast
 import os
 import types
 
-from errors import UserError
+from gpt.errors import UserError
 
 CONFIG_TYPES = (bool, int, float, str)
 

@@ -8,7 +8,6 @@ References:
 """
 import inspect
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -17,9 +16,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import decode
-import hardware
-from errors import UserError
+from gpt import generation
+from gpt.errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -40,6 +38,12 @@ class GPTConfig:
     rope_theta: float = 10000.0  # llama: base of the rotary position embeddings' frequencies
     tie_embeddings: bool = True  # the output projection is the token embedding (GPT-2 ties them, LLaMA does not)
     norm_eps: float = 1e-5  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
+    # how the training loss is computed, not what the model is (so checkpoints never record them): True fuses
+    # the output projection and cross-entropy a chunk of loss_chunk positions at a time (LinearCrossEntropy),
+    # never making the (B, T, vocab) logits and returning none; False (nanoGPT's way): lm_head, then
+    # F.cross_entropy over the full logits
+    fused_loss: bool = False
+    loss_chunk: int = 4096  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
 
     def __post_init__(self):
         if self.family not in ('gpt2', 'llama'):
@@ -58,10 +62,12 @@ class GPTConfig:
         """model_args for a checkpoint: nanoGPT's keys, plus the other fields where they differ from their
         defaults - so a GPT-2 checkpoint is still one nanoGPT reads, and a checkpoint without them is GPT-2."""
         default = GPTConfig(n_embd=self.n_embd, n_head=self.n_head)  # n_kv_head, mlp_hidden follow these
-        return {k: v for k, v in asdict(self).items() if k in NANOGPT_ARGS or v != getattr(default, k)}
+        return {k: v for k, v in asdict(self).items()
+                if k in NANOGPT_ARGS or (k not in LOSS_ARGS and v != getattr(default, k))}
 
 
 NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')
+LOSS_ARGS = ('fused_loss', 'loss_chunk')
 
 
 class LayerNorm(nn.Module):
@@ -185,7 +191,7 @@ class CausalSelfAttention(nn.Module):
             # of qkv, so the cache takes both in one copy
             new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if rope is None else
                    torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
-            # a decode.KVCache: the keys of its whole capacity, and a mask of those each query may see
+            # a generation.KVCache: the keys of its whole capacity, and a mask of those each query may see
             k, v, mask = cache.update(self.layer_idx, new)
             is_causal = False
         if self.n_kv_head != self.n_head:
@@ -262,11 +268,6 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
-        # True: the training loss (with gradients on) from the output projection and cross-entropy fused, in
-        # chunks (LinearCrossEntropy), returning no logits; False (train.py's default, nanoGPT's way): lm_head
-        # then F.cross_entropy over the full logits
-        self.fused_loss = False
-        self.loss_chunk = 4096  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)
         for pn, p in self.named_parameters():
@@ -295,7 +296,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None, reduction="mean"):
         """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none'
         gives the loss of every position (B, T), 0 where ignored. Without targets, only the last position's
-        logits are computed (all that generation needs). With a KVCache (decode.py), idx holds only the
+        logits are computed (all that generation needs). With a KVCache (generation.py), idx holds only the
         new positions."""
         b, t = idx.size()
         if cache is None:
@@ -315,11 +316,11 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos += t
         x = self.transformer.ln_f(x)
-        if targets is not None and reduction == "mean" and self.fused_loss and torch.is_grad_enabled():
+        if targets is not None and reduction == "mean" and self.config.fused_loss and torch.is_grad_enabled():
             # training: the loss and its gradient come a chunk of positions at a time, so the (B, T, vocab)
             # logits never exist (no logits returned)
             logits, loss = None, LinearCrossEntropy.apply(x.view(b * t, -1), self.lm_head.weight,
-                                                          targets.reshape(-1), self.loss_chunk)
+                                                          targets.reshape(-1), self.config.loss_chunk)
         elif targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
@@ -342,39 +343,14 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
         """GPT-2 weights through transformers: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a
-        local folder written by save_pretrained; or a Llama folder (LlamaForCausalLM), through hf_convert.
-        Only `dropout` may be overridden."""
+        local folder written by save_pretrained; or a Llama folder (LlamaForCausalLM). Only `dropout` may be
+        overridden. The conversion is gpt/hf.py's, the bridge to transformers in both directions."""
         override_args = override_args or {}
         assert all(k == "dropout" for k in override_args), f"only dropout can be overridden, got {override_args}"
-        if os.path.isdir(model_type):
-            from transformers import AutoConfig
-            kind = AutoConfig.from_pretrained(model_type).model_type
-            if kind == "llama":
-                import hf_convert  # it imports this module
-                return hf_convert.load_hf_llama(model_type, override_args.get("dropout", 0.0))
-            if kind != "gpt2":
-                raise UserError(f"{model_type} holds a transformers '{kind}' model; only gpt2 and llama load")
-        from transformers import GPT2LMHeadModel
-        print(f"loading GPT-2 weights from {model_type}")
-        model_hf = GPT2LMHeadModel.from_pretrained(model_type)
-        hf = model_hf.config
-        config = GPTConfig(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer,
-                           n_head=hf.n_head, n_embd=hf.n_embd, bias=True,
-                           dropout=override_args.get("dropout", 0.0))
-        model = GPT(config)
-        sd = model.state_dict()
-        sd_hf = {k: v for k, v in model_hf.state_dict().items()
-                 if not k.endswith((".attn.masked_bias", ".attn.bias"))}  # causal-mask buffers, not weights
-        missing = set(sd) - set(sd_hf)
-        assert not missing, f"weights missing from {model_type}: {sorted(missing)[:5]}"
-        # GPT-2 stores these as Conv1D weights, the transpose of a Linear's
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        with torch.no_grad():
-            for k, v in sd_hf.items():
-                if k.endswith(transposed):
-                    v = v.t()
-                assert v.shape == sd[k].shape, f"{k}: {tuple(v.shape)} does not fit {tuple(sd[k].shape)}"
-                sd[k].copy_(v)
+        from gpt import hf  # imported here: transformers is slow to import, and only this needs it
+        model_args, state_dict = hf.load_pretrained(model_type, override_args.get("dropout", 0.0))
+        model = cls(GPTConfig(**model_args))
+        model.load_state_dict(state_dict)
         return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
@@ -401,10 +377,10 @@ class GPT(nn.Module):
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
         return 6 * N + 12 * L * H * Q * T
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=None):
-        """Model FLOPs utilization: achieved FLOP/s over the peak of the device the model is on (from the
-        table in hardware.py, or `peak_flops` when given). None when the peak is unknown (CPU, MPS)."""
-        peak_flops = peak_flops or hardware.peak_flops(self.lm_head.weight.device)
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=312e12):
+        """Model FLOPs utilization: achieved FLOP/s over the device's peak, `peak_flops` (nanoGPT's default:
+        an A100's bf16 312 TFLOP/s; gpt/hardware.py's peak_flops(device) knows other GPUs). None when the
+        peak is unknown (None or 0: CPU, MPS)."""
         if not peak_flops:
             return None
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
@@ -415,7 +391,7 @@ class GPT(nn.Module):
                  vocab_limit=None, progress=None):
         """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
         vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is padded; progress
-        (if given) is called after each new token. With the KV cache (decode.py) the prompt runs once and
+        (if given) is called after each new token. With the KV cache (generation.py) the prompt runs once and
         each new token costs one position, a CUDA graph replay on CUDA; use_cache=False recomputes the whole
         sequence for every token, the reference the cache must match. Once a sequence outgrows block_size
         it is cropped to the last block_size tokens and recomputed, with or without the cache."""
@@ -424,7 +400,7 @@ class GPT(nn.Module):
             # a multiple of 64 (rows aligned for the attention kernels, fewer shapes to capture), yet no
             # bigger than this generation needs: a model from transformers may have a huge block_size
             capacity = min(block_size, -(-(idx.size(1) + max_new_tokens) // 64) * 64)
-            decoder = decode.decoder(self, idx.size(0), capacity, idx.device)
+            decoder = generation.decoder(self, idx.size(0), capacity, idx.device)
         for i in range(max_new_tokens):
             if idx.size(1) > block_size:
                 # the window slides, so every position's embedding changes: recompute from scratch

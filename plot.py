@@ -9,9 +9,9 @@ import os
 import sys
 
 import configurator
-import errors
-from errors import UserError
-from trainlog import LOG_NAME, read_log
+from gpt import errors
+from gpt.errors import UserError
+from gpt.trainlog import LOG_NAME, read_log
 
 
 def series(rows, kind, x, key, scale=1.0):

@@ -10,11 +10,9 @@ import torch
 from tqdm import tqdm
 
 import configurator
-import decode
-import errors
-import hardware
-from checkpoint import load_model
-from tokenizer import folder_meta, get_tokenizer
+from gpt import errors, generation, hardware
+from gpt.checkpoint import load_model
+from gpt.tokenizer import folder_meta, get_tokenizer
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'  # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
@@ -52,8 +50,8 @@ model.to(device)
 # on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
 ctx = hardware.for_generation(model, device_type, dtype)
 # compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)
-decode.compile_step = hardware.can_compile(compile, device_type)
-if decode.compile_step:
+generation.compile_step = hardware.can_compile(compile, device_type)
+if generation.compile_step:
     print("compiling the decode step at the first new token (~10-20 s)")
 
 # encode the beginning of the prompt

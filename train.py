@@ -22,21 +22,25 @@ import torch._functorch.config
 import torch.distributed as dist
 
 import configurator
-import errors
-import hardware
-import parallel
-import schedule
-import stepgraph
-from checkpoint import (check_out_dir, gather_rng_states, load_resume_checkpoint, model_from_checkpoint, pretrained_gpt2,
-                        restore_training_state, save_training_checkpoint, set_rng_state)
-from dataloader import make_loader
-from evaluate import all_ranks_mean, draw_samples, estimate_loss
-from datafiles import find_dataset
+from gpt import distributed, errors, hardware, schedule, stepgraph
+from gpt.checkpoint import (
+    check_out_dir,
+    gather_rng_states,
+    load_resume_checkpoint,
+    model_from_checkpoint,
+    pretrained_gpt2,
+    restore_training_state,
+    save_training_checkpoint,
+    set_rng_state,
+)
+from gpt.dashboard import start_dashboard
+from gpt.data import find_dataset
+from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
+from gpt.loader import make_loader
+from gpt.preemption import StopRequest
+from gpt.tokenizer import get_tokenizer
+from gpt.trainlog import TrainLog, start_wandb
 from model import GPT, GPTConfig
-from preemption import StopRequest
-from tokenizer import get_tokenizer
-from dashboard import start_dashboard
-from trainlog import TrainLog, start_wandb
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
@@ -111,9 +115,9 @@ dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
 activation_memory_budget = 1.0  # compile: below 1 (e.g. 0.75), recompute cheap activations in the backward
-cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see stepgraph.py)
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
-peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in hardware.py's table
+peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in gpt/hardware.py's table
 # -----------------------------------------------------------------------------
 errors.install()
 _defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
@@ -132,7 +136,7 @@ if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 o
 
 # various inits, derived attributes, I/O setup; under torchrun, one process per GPU (ranks 0 of 1 otherwise)
 device = hardware.resolve_device(device)
-ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = parallel.init_process(device, backend, dist_timeout_minutes)
+ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = distributed.init_process(device, backend, dist_timeout_minutes)
 device_type = device.split(':')[0]
 master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
 seed_offset = ddp_rank  # each process gets a different seed
@@ -196,7 +200,7 @@ if block_size < model.config.block_size:
 elif block_size > model.config.block_size:
     raise errors.UserError(f"block_size={block_size} is larger than the model's {model.config.block_size} "
                            f"({init_from}): use --block_size={model.config.block_size} or less")
-model.fused_loss = fused_loss
+model.config.fused_loss = fused_loss
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
 model.to(device)
 vocab_size = model.config.vocab_size
@@ -222,7 +226,7 @@ if hellaswag_interval:
     if parallelism == 'fsdp':
         raise errors.UserError("hellaswag_interval does not work with parallelism=fsdp yet (ranks would run "
                                "different numbers of forward passes): evaluate checkpoints with hellaswag.py")
-    import hellaswag
+    from gpt import hellaswag
     if ddp and not master_process:
         dist.barrier()  # rank 0 downloads the file first
     hellaswag_examples = hellaswag.load_examples(hellaswag_path or None)
@@ -235,15 +239,15 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 # compile the model, and spread it over the processes: DDP or FSDP2
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
-    parallel.checkpoint_activations(raw_model)
-model = parallel.wrap(model, parallelism, device_type, ddp_local_rank, dtype,
+    distributed.checkpoint_activations(raw_model)
+model = distributed.wrap(model, parallelism, device_type, ddp_local_rank, dtype,
                       fsdp_reduce_fp32, hardware.can_compile(compile, device_type))
-eval_model = parallel.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
+eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 if init_from == 'resume' and sharded:
-    parallel.load_sharded(sharded, model, optimizer)
+    distributed.load_sharded(sharded, model, optimizer)
 
 # the rest of the training state, and the log
 log = TrainLog(out_dir, enabled=master_process)
@@ -255,7 +259,7 @@ if init_from == 'resume':
 wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed: the same wandb run goes on
 checkpoint = None  # free up memory
 
-# the whole training step as one CUDA graph (stepgraph.py), where it can be: captured at the first step
+# the whole training step as one CUDA graph (gpt/stepgraph.py), where it can be: captured at the first step
 step_graph = None
 if stepgraph.can_graph(cuda_graph, device_type, ddp, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
@@ -279,7 +283,7 @@ def save(name=None):
         'wandb_run_id': wandb_run_id,
     }
     if parallelism == 'fsdp' and ddp:
-        parallel.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+        distributed.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
     else:  # save_training_checkpoint adds 'rng': every rank's random state
         state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), **state}
         save_training_checkpoint(out_dir, state, name, keep_last if name else keep_checkpoints)
@@ -370,7 +374,7 @@ while True:
         loss_sum = 0.0
         for micro_step in range(gradient_accumulation_steps):
             # gradients are reduced across ranks only at the last micro step
-            parallel.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
+            distributed.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
             with ctx:
                 logits, loss = model(X, Y)
                 loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
@@ -381,7 +385,7 @@ while True:
             scaler.scale(loss).backward()
         # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
         scaler.unscale_(optimizer)
-        grad_norm = parallel.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
+        grad_norm = distributed.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
         # a NaN/inf loss or gradient: skip this update rather than poison the weights (fp16: the scaler
         # skips it itself, and lowers its scale)
         if math.isfinite(grad_norm) or dtype == 'float16':
@@ -410,7 +414,7 @@ while True:
     lossf = all_ranks_mean(float(loss_sum), device) if iter_num % log_interval == 0 else None
     if iter_num % log_interval == 0 and master_process:
         if local_iter_num >= 5:  # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or None)
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or hardware.peak_flops(device))
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far

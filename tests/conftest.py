@@ -38,8 +38,8 @@ def gpt2_ranks_path():
 def write_char_dataset(folder, text_path, chars=100000):
     """A character-level dataset of the first `chars` characters of text_path in folder: meta.json, and
     train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. Returns the folder."""
-    from datafiles import write_meta, write_tokens
-    from tokenizer import char_meta, get_tokenizer
+    from gpt.data import write_meta, write_tokens
+    from gpt.tokenizer import char_meta, get_tokenizer
     with open(text_path) as f:
         text = f.read()
     meta = char_meta(text)

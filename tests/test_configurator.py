@@ -1,7 +1,7 @@
 import pytest
 
 import configurator
-from errors import UserError
+from gpt.errors import UserError
 
 
 def defaults():

@@ -16,11 +16,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-import dashboard
 from conftest import write_char_dataset
-from errors import UserError
-from trainlog import read_log
+
+from gpt import dashboard
+from gpt.errors import UserError
+from gpt.trainlog import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

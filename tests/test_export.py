@@ -10,13 +10,13 @@ import sys
 
 import pytest
 import torch
+from conftest import write_char_dataset
 
 import export
-from checkpoint import load_checkpoint, model_from_checkpoint
-from conftest import write_char_dataset
-from errors import UserError
+from gpt.checkpoint import load_checkpoint, model_from_checkpoint
+from gpt.errors import UserError
+from gpt.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
-from tokenizer import get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
@@ -151,9 +151,9 @@ def test_export_mistakes_are_one_line_errors(tmp_path):
 
 
 def test_own_bpe_tokenizer_is_exported_as_it_is(shakespeare_text_path, tmp_path):
-    import tokenizer
+    from gpt import tokenizer
     if not hasattr(tokenizer, "dataset_tokenizer"):
-        pytest.skip("tokenizer.py has no tokenizers-JSON datasets yet")
+        pytest.skip("gpt/tokenizer.py has no tokenizers-JSON datasets yet")
     from transformers import AutoTokenizer
     with open(shakespeare_text_path) as f:
         text = f.read()[:50000]

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from datafiles import list_shards, open_shard, read_meta
-from errors import UserError
-from tokenizer import gpt2_encoding
+from gpt.data import list_shards, open_shard, read_meta
+from gpt.errors import UserError
+from gpt.tokenizer import gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD = 2000

@@ -15,11 +15,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import hardware
-import hellaswag
-from errors import UserError
+from gpt import hardware, hellaswag
+from gpt.errors import UserError
+from gpt.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_RE = re.compile(r"^HellaSwag acc_norm: (\d\.\d{4})  acc: (\d\.\d{4})  \((\d+) examples\)$", re.M)

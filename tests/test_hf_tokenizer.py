@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-import hellaswag
-from checkpoint import load_model
-from datafiles import open_tokens, read_meta
-from errors import UserError
-from tokenizer import folder_meta, get_tokenizer
+from gpt import hellaswag
+from gpt.checkpoint import load_model
+from gpt.data import open_tokens, read_meta
+from gpt.errors import UserError
+from gpt.tokenizer import folder_meta, get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 512

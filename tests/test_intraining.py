@@ -12,7 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from datafiles import write_shard  # noqa: E402
+from gpt.data import write_shard  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
             eval_interval=4, eval_iters=2, warmup_iters=2, lr_decay_iters=12, learning_rate=3e-3, dropout=0.1,

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-import hf_convert
-from checkpoint import model_from_checkpoint
-from errors import UserError
-from model import NANOGPT_ARGS, GPT, GPTConfig
+from gpt.checkpoint import model_from_checkpoint
+from gpt.errors import UserError
+from gpt.hf import llama_to_hf
+from model import GPT, NANOGPT_ARGS, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
@@ -77,7 +77,7 @@ def test_transformers_llama_loads_with_the_same_logits(tmp_path, tie, bias):
 def test_export_gives_the_same_logits_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     model = perturb_norms(tiny(vocab_size=300, n_embd=64, block_size=64, rope_theta=500000.0)).eval()
-    config, state_dict = hf_convert.to_hf_llama(model)
+    config, state_dict = llama_to_hf(model)
     hf = transformers.LlamaForCausalLM(config)
     hf.load_state_dict(state_dict, strict=True)
     hf.save_pretrained(tmp_path)  # and back from disk, as a user would load it
@@ -89,11 +89,11 @@ def test_export_gives_the_same_logits_in_transformers(tmp_path):
         theirs = hf(idx).logits
     assert (ours - theirs).abs().max().item() < 1e-4
     with pytest.raises(UserError, match="llama-family"):
-        hf_convert.to_hf_llama(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, block_size=8)))
+        llama_to_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, block_size=8)))
 
 
 def test_the_cache_holds_the_key_value_heads_only():
-    from decode import KVCache
+    from gpt.generation import KVCache
     model = tiny(n_head=4, n_kv_head=1).eval()
     cache = KVCache(model.config.n_layer, 16, "cpu")
     with torch.no_grad():

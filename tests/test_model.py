@@ -19,7 +19,7 @@ def test_shapes_and_last_position_logits():
     idx = torch.randint(0, 101, (3, 16))
     logits, loss = model(idx, idx)
     assert logits.shape == (3, 16, 101) and loss.dim() == 0
-    model.fused_loss = True
+    model.config.fused_loss = True
     logits, loss = model(idx, idx)
     assert logits is None and loss.dim() == 0  # training: the fused loss makes no logits
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_configure_optimizers_decays_matrices_only():
 
 def test_estimate_mfu_uses_the_peak_given():
     model = tiny()
-    assert model.estimate_mfu(4, 0.1) is None  # CPU: no peak known
+    assert model.estimate_mfu(4, 0.1, peak_flops=None) is None  # CPU: no peak known
     flops = model.flops_per_token() * 32 * 4
     assert model.estimate_mfu(4, 0.1, peak_flops=1e12) == pytest.approx(flops / 0.1 / 1e12)
 
@@ -162,7 +162,7 @@ def test_per_position_losses():
 
 def loss_and_grads(model, idx, targets, fused, dtype=None):
     model.zero_grad()
-    model.fused_loss = fused
+    model.config.fused_loss = fused
     with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
         logits, loss = model(idx, targets)
     (2 * loss).backward()  # a scaled loss, as with gradient accumulation
@@ -174,7 +174,7 @@ def test_fused_loss_equals_plain_loss_and_gradients(family):
     # the training path (chunked linear + cross-entropy, gradients made in the forward) against lm_head +
     # F.cross_entropy: the same loss and the same gradient for every parameter, ignored targets included
     model = tiny(family=family, tie_embeddings=family == "gpt2")
-    model.loss_chunk = 37  # chunks that do not divide the 4 * 32 positions
+    model.config.loss_chunk = 37  # chunks that do not divide the 4 * 32 positions
     idx = torch.randint(0, 101, (4, 32))
     targets = torch.randint(0, 101, (4, 32))
     targets[0, :10] = -1
@@ -195,7 +195,7 @@ def test_fused_loss_equals_plain_loss_and_gradients(family):
 def test_fused_loss_is_not_used_without_gradients():
     # evaluation (no_grad) still returns the logits, and the same loss
     model = tiny()
-    model.fused_loss = True
+    model.config.fused_loss = True
     idx = torch.randint(0, 101, (2, 16))
     with torch.no_grad():
         logits, loss = model(idx, idx)

@@ -15,8 +15,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from checkpoint import load_checkpoint  # noqa: E402
-from datafiles import write_shard  # noqa: E402
+from gpt.checkpoint import load_checkpoint  # noqa: E402
+from gpt.data import write_shard  # noqa: E402
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # float32 and no dropout: the runs must agree to rounding

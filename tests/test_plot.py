@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import plot
-from errors import UserError
+from gpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,9 +10,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from datafiles import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
-from errors import UserError
-from tokenizer import get_tokenizer
+from gpt.data import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
+from gpt.errors import UserError
+from gpt.tokenizer import get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

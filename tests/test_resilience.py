@@ -17,9 +17,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from datafiles import read_meta  # noqa: E402
-from errors import UserError  # noqa: E402
+from gpt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from gpt.data import read_meta  # noqa: E402
+from gpt.errors import UserError  # noqa: E402
 
 # dropout on, so resuming must restore the random state too, not just weights and optimizer
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
@@ -120,7 +120,7 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_pat
 
 
 def test_second_signal_exits_at_once(tmp_path):
-    script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom preemption import StopRequest\n"
+    script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom gpt.preemption import StopRequest\n"
               "stop = StopRequest()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('first handled:', stop.requested())\n"
               "sys.stdout.flush()\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nprint('not reached')\n" % ROOT)
     t0 = time.time()

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-import schedule
-from checkpoint import load_checkpoint
-from datafiles import write_meta, write_tokens
-from errors import UserError
+from gpt import schedule
+from gpt.checkpoint import load_checkpoint
+from gpt.data import write_meta, write_tokens
+from gpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, gradient_accumulation_steps=1,

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataloader import SequentialShards
-from datafiles import list_shards, open_shard, write_shard
-from errors import UserError
+from gpt.data import list_shards, open_shard, write_shard
+from gpt.errors import UserError
+from gpt.loader import SequentialShards
 
 B, T, W = 2, 8, 2  # batch_size, block_size, world_size: one step is B*T*W = 32 tokens
 LENGTHS = [1000, 1337, 33, 517]  # 33 is exactly one step plus the extra target token

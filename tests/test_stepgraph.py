@@ -1,6 +1,6 @@
 """
-stepgraph.py: the training step replayed from a CUDA graph. On the CPU the step runs eagerly, and the
-FakeGraph of test_decode.py stands in for the graph: it records the step's ops on their tensors and reruns
+gpt/stepgraph.py: the training step replayed from a CUDA graph. On the CPU the step runs eagerly, and the
+FakeGraph of test_generation.py stands in for the graph: it records the step's ops on their tensors and reruns
 them, as a graph reruns its kernels on the same addresses, so a step that read a value back to the CPU,
 baked in a Python number (the learning rate) or relied on zero_grad between steps fails here. Both must
 train exactly as train.py's plain loop does. The last test captures a real graph on CUDA.
@@ -11,11 +11,11 @@ from contextlib import nullcontext
 import pytest
 import torch
 import torch.nn as nn
+from test_generation import FakeGraph
 
-import stepgraph
-from checkpoint import portable
+from gpt import stepgraph
+from gpt.checkpoint import portable
 from model import GPT, GPTConfig
-from test_decode import FakeGraph
 
 B, T, V = 4, 16, 64
 

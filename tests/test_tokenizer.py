@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import tiktoken
 
-from errors import UserError
-from tokenizer import Tokenizer, char_meta, get_tokenizer, gpt2_encoding
+from gpt.errors import UserError
+from gpt.tokenizer import Tokenizer, char_meta, get_tokenizer, gpt2_encoding
 
 
 @pytest.fixture

@@ -199,6 +199,7 @@ def test_nanogpt_checkpoint_samples(trained, sampled, tmp_path):
     for name in os.listdir(ROOT):
         if name.endswith(".py"):
             shutil.copy(os.path.join(ROOT, name), repo / name)
+    shutil.copytree(os.path.join(ROOT, "gpt"), repo / "gpt")
     (repo / "data" / "nano_char").mkdir(parents=True)
     itos = ckpt["dataset_meta"]["itos"]
     with open(repo / "data" / "nano_char" / "meta.pkl", "wb") as f:

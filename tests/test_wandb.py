@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from datafiles import write_meta, write_tokens
-from tokenizer import char_meta, get_tokenizer
-from trainlog import read_log
+from gpt.data import write_meta, write_tokens
+from gpt.tokenizer import char_meta, get_tokenizer
+from gpt.trainlog import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,

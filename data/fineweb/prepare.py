@@ -23,10 +23,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-import errors
-from datafiles import load_documents, open_shard, read_meta, write_meta, write_shard
-from errors import UserError
-from tokenizer import gpt2_encoding
+from gpt import errors
+from gpt.data import load_documents, open_shard, read_meta, write_meta, write_shard
+from gpt.errors import UserError
+from gpt.tokenizer import gpt2_encoding
 
 
 def tokenize(text):
@@ -88,8 +88,8 @@ def main():
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
 
     # heavy imports after the argument checks, so mistakes are reported at once
-    from tqdm import tqdm
     import datasets
+    from tqdm import tqdm
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
 

@@ -16,11 +16,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-import errors
-from atomic import atomic_path
-from datafiles import DTYPES, load_documents, write_meta
-from errors import UserError
-from tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
+from gpt import errors
+from gpt.atomic import atomic_path
+from gpt.data import DTYPES, load_documents, write_meta
+from gpt.errors import UserError
+from gpt.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,9 +48,10 @@ elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
     raise UserError(f"--tokenizer {args.tokenizer}: not gpt2, train, or an existing tokenizers JSON file")
 
 # heavy imports after the argument checks, so mistakes are reported at once
+import datasets
 import numpy as np
 from tqdm import tqdm
-import datasets
+
 if not sys.stderr.isatty():
     datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
 
@@ -68,8 +69,8 @@ os.makedirs(args.out_dir, exist_ok=True)
 train_texts = lambda: (batch[args.text_column] for batch in split_dataset["train"].iter(batch_size=1000))
 _, meta = dataset_tokenizer(args.tokenizer, args.out_dir, train_texts, args.vocab_size)
 if meta["eot"] is None:
-    raise UserError(f"the tokenizer has no end-of-text token to separate documents (looked for "
-                    f"<|endoftext|>, <|end_of_text|>, </s>, <eos>)")
+    raise UserError("the tokenizer has no end-of-text token to separate documents (looked for "
+                    "<|endoftext|>, <|end_of_text|>, </s>, <eos>)")
 tokenizer_file = os.path.join(args.out_dir, meta.get("tokenizer_file", ""))
 
 

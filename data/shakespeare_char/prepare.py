@@ -9,10 +9,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-import errors
-from datafiles import tiny_shakespeare, write_meta, write_tokens
-from errors import UserError
-from tokenizer import Tokenizer, char_meta
+from gpt import errors
+from gpt.data import tiny_shakespeare, write_meta, write_tokens
+from gpt.errors import UserError
+from gpt.tokenizer import Tokenizer, char_meta
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

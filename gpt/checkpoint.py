@@ -15,12 +15,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import parallel
-from atomic import atomic_write
-from datafiles import read_meta
-from errors import UserError
+from gpt.atomic import atomic_write
+from gpt.data import dataset_dir, read_meta
+from gpt.errors import UserError
 from model import GPT, GPTConfig
 
+DCP_DIR = "ckpt_dcp"  # a sharded checkpoint (parallelism=fsdp): every rank writes its part
+TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
 # prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -141,8 +142,7 @@ def load_model(init_from, out_dir):
         meta = ckpt.get("dataset_meta")
         if meta is None and "dataset" in ckpt.get("config", {}):
             # a nanoGPT checkpoint: the dataset's metadata is where nanoGPT keeps it
-            root = os.path.dirname(os.path.abspath(__file__))
-            meta = read_meta(os.path.join(root, "data", ckpt["config"]["dataset"]))
+            meta = read_meta(dataset_dir(ckpt["config"]["dataset"]))
         return model, meta
     if init_from.startswith("gpt2") or os.path.isdir(init_from):
         return pretrained_gpt2(init_from), None
@@ -237,10 +237,79 @@ def load_resume_checkpoint(out_dir, parallelism):
     """The checkpoint a resumed run starts from, the sharded folder it is in (None: out_dir/ckpt.pt) and
     its path. fsdp runs save sharded checkpoints, every rank its part (their weights are loaded once the
     model is sharded too); the rest a single ckpt.pt."""
-    sharded = parallel.sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
+    sharded = sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
     path = sharded or os.path.join(out_dir, 'ckpt.pt')
     print(f"Resuming training from {path}")
-    if not sharded and parallel.sharded_checkpoint(out_dir) and not os.path.exists(path):
+    if not sharded and sharded_checkpoint(out_dir) and not os.path.exists(path):
         raise UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
                         f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
-    return (parallel.load_train_state(sharded) if sharded else load_checkpoint(path)), sharded, path
+    return (load_train_state(sharded) if sharded else load_checkpoint(path)), sharded, path
+
+
+# sharded checkpoints (parallelism=fsdp) go through torch.distributed.checkpoint (DCP): every rank writes
+# its own part into out_dir/ckpt_dcp/; convert_checkpoint.py turns one into a single ckpt.pt
+def save_sharded(out_dir, model, optimizer, train_state):
+    """Every rank writes its shards of the model and optimizer; rank 0 also the rest of the training state.
+    Written to a temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole."""
+    final = os.path.join(out_dir, DCP_DIR)
+    tmp, old = final + ".tmp", final + ".old"
+    if dist.get_rank() == 0 and os.path.exists(tmp):
+        shutil.rmtree(tmp)  # what a killed save left
+    dist.barrier()
+    import torch.distributed.checkpoint as dcp  # here, not at the top: importing it takes seconds
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    if dist.get_rank() == 0:
+        torch.save(train_state, os.path.join(tmp, TRAIN_STATE))
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        print(f"saved sharded checkpoint to {final}")
+    dist.barrier()
+
+
+def sharded_checkpoint(out_dir):
+    """The sharded checkpoint's folder, or None. A crash between the two renames of save_sharded leaves
+    only the .old folder, which is then the latest whole checkpoint."""
+    for name in (DCP_DIR, DCP_DIR + ".old"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(os.path.join(path, TRAIN_STATE)):
+            return path
+    return None
+
+
+def load_train_state(path):
+    return torch.load(os.path.join(path, TRAIN_STATE), map_location="cpu", weights_only=True)
+
+
+def load_sharded(path, model, optimizer):
+    """Fill the (already sharded) model and optimizer from a sharded checkpoint, each rank its own part."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def convert_sharded(out_dir):
+    """Turn out_dir's sharded checkpoint into one ckpt.pt beside it (weights and training state; the
+    optimizer state stays behind: in DCP it is keyed by parameter name, not torch.optim's layout).
+    Runs in one process, no GPU needed. Returns the path written, or None when the save failed."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    path = sharded_checkpoint(out_dir)
+    if path is None:
+        raise UserError(f"no sharded checkpoint in {out_dir} (looked for {DCP_DIR}/{TRAIN_STATE})")
+    state = load_train_state(path)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        dcp_to_torch_save(path, os.path.join(tmp, 'full.pt'))  # gathers every rank's shards
+        full = torch.load(os.path.join(tmp, 'full.pt'), map_location='cpu', weights_only=True)
+    ckpt = {**state, 'model': full['model']}
+    model_from_checkpoint(ckpt, path)  # check that the weights make the model its model_args describe
+    target = os.path.join(out_dir, 'ckpt.pt')
+    if not save_checkpoint(ckpt, target):
+        return None
+    print(f"wrote {target} (step {state['iter_num']}; weights only, without the optimizer state)")
+    return target

@@ -1,14 +1,14 @@
 """
-GPU check of fast generation (decode.py). Greedy decoding through the CUDA graph must give the tokens of
+GPU check of fast generation (generation.py). Greedy decoding through the CUDA graph must give the tokens of
 the uncached path: GPT-2 124M and a llama-style model with grouped-query attention, one-token and longer
 prompts, and a run past block_size. Then tokens/s for 500 new tokens (top_k 200) at batch 1 and 10,
 with the graph and with the same step run eagerly, and how many times a timed run waited on the GPU
 (it should never). Random weights in bf16, as bench.py. Exit status 1 if a check fails.
 Where greedy outputs differ it prints the first position that does, and by how much the uncached path's
 best logit led its second there: a lead within bf16 rounding is a near-tie, not a wrong cache.
-$ python docs/check_generation.py                      # bf16, random weights
-$ python docs/check_generation.py --dtype=float32      # float32 weights, TF32 off: the logic alone
-$ python docs/check_generation.py --ckpt=out-shakespeare-char   # trained weights: greedy checks only
+$ python scripts/check_generation.py                      # bf16, random weights
+$ python scripts/check_generation.py --dtype=float32      # float32 weights, TF32 off: the logic alone
+$ python scripts/check_generation.py --ckpt=out-shakespeare-char   # trained weights: greedy checks only
 """
 import os
 import sys
@@ -20,9 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import configurator  # noqa: E402
-import decode  # noqa: E402
-import hardware  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from gpt import (
+    generation,  # noqa: E402
+    hardware,  # noqa: E402
+)
+from gpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 dtype = "auto"  # or float32 (TF32 off too)
@@ -73,7 +75,7 @@ def greedy_matches(name, model, ctx, B, prompt_len, n):
 def tokens_per_s(model, ctx, B, graphs):
     """tok/s of a timed run after a warm-up of the same shape (which captures the graph), and the number of
     times the timed run made the CPU wait for the GPU (torch's sync debug mode)."""
-    decode.cuda_graphs = graphs
+    generation.cuda_graphs = graphs
     prompt = torch.randint(0, model.config.vocab_size, (B, 1), device=device)
     with ctx:
         model.generate(prompt, new_tokens, top_k=top_k)
@@ -86,7 +88,7 @@ def tokens_per_s(model, ctx, B, graphs):
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    decode.cuda_graphs = True
+    generation.cuda_graphs = True
     return B * new_tokens / dt, len(syncs)
 
 

@@ -1,26 +1,20 @@
 """
-How the model is spread over the processes torchrun starts, and the checkpoints each way needs.
+How the model is spread over the processes torchrun starts: joining the process group, DDP or FSDP2.
 
 - 'ddp': every GPU holds the whole model; gradients are all-reduced, overlapped with the backward pass
   (DistributedDataParallel), and only on the last micro-step of gradient accumulation.
 - 'fsdp': FSDP2 (torch.distributed.fsdp.fully_shard) shards parameters, gradients and optimizer state over
   the GPUs, each transformer block gathered only while it computes; for models whose weights, gradients
-  and AdamW state do not fit one GPU. Checkpoints go through torch.distributed.checkpoint (DCP): every rank
-  writes its own part into out_dir/ckpt_dcp/, and `python convert_checkpoint.py --out_dir=...` turns that
-  into a single ckpt.pt for sample.py and export.
+  and AdamW state do not fit one GPU. Its sharded checkpoints are gpt/checkpoint.py's.
 """
 import os
-import shutil
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from errors import UserError
-
-DCP_DIR = "ckpt_dcp"
-TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
+from gpt.errors import UserError
 
 
 def init_process(device, backend, timeout_minutes):
@@ -81,52 +75,6 @@ def unwrap(model):
 def total_norm(norm):
     """clip_grad_norm_ returns a DTensor for sharded parameters: the full value, as a float."""
     return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
-
-
-def save_sharded(out_dir, model, optimizer, train_state):
-    """Every rank writes its shards of the model and optimizer; rank 0 also the rest of the training state.
-    Written to a temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole."""
-    final = os.path.join(out_dir, DCP_DIR)
-    tmp, old = final + ".tmp", final + ".old"
-    if dist.get_rank() == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)  # what a killed save left
-    dist.barrier()
-    import torch.distributed.checkpoint as dcp  # here, not at the top: importing it takes seconds
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
-    if dist.get_rank() == 0:
-        torch.save(train_state, os.path.join(tmp, TRAIN_STATE))
-        if os.path.exists(final):
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-        print(f"saved sharded checkpoint to {final}")
-    dist.barrier()
-
-
-def sharded_checkpoint(out_dir):
-    """The sharded checkpoint's folder, or None. A crash between the two renames of save_sharded leaves
-    only the .old folder, which is then the latest whole checkpoint."""
-    for name in (DCP_DIR, DCP_DIR + ".old"):
-        path = os.path.join(out_dir, name)
-        if os.path.exists(os.path.join(path, TRAIN_STATE)):
-            return path
-    return None
-
-
-def load_train_state(path):
-    return torch.load(os.path.join(path, TRAIN_STATE), map_location="cpu", weights_only=True)
-
-
-def load_sharded(path, model, optimizer):
-    """Fill the (already sharded) model and optimizer from a sharded checkpoint, each rank its own part."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def checkpoint_activations(model):

@@ -4,7 +4,7 @@ warmup_tokens and lr_decay_tokens turned into the iteration counts that the sche
 """
 import math
 
-from errors import UserError
+from gpt.errors import UserError
 
 # (iterations setting, tokens setting) pairs: a run sets one of each, the tokens one wins when given
 PAIRS = (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'), ('lr_decay_iters', 'lr_decay_tokens'))

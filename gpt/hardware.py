@@ -8,7 +8,7 @@ from contextlib import nullcontext
 
 import torch
 
-from errors import UserError
+from gpt.errors import UserError
 
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.

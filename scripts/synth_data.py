@@ -1,7 +1,7 @@
 """
 Synthetic GPT-2-token shards in data/synth (random ids: 80M train, 4M val), for the scaling benchmarks
-(docs/bench_scaling.sh, docs/bench_ddp.sh), which measure speed, not learning.
-$ python docs/synth_data.py
+(scripts/bench_scaling.sh, scripts/bench_ddp.sh), which measure speed, not learning.
+$ python scripts/synth_data.py
 """
 import json
 import os
@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from datafiles import write_shard  # noqa: E402
+from gpt.data import write_shard  # noqa: E402
 
 os.makedirs('data/synth', exist_ok=True)
 rng = np.random.default_rng(0)

@@ -10,12 +10,11 @@ import base64
 import functools
 import os
 
-from atomic import atomic_write
-
 import tiktoken
 
-from datafiles import dtype_for_vocab
-from errors import UserError
+from gpt.atomic import atomic_write
+from gpt.data import dtype_for_vocab
+from gpt.errors import UserError
 
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_EOT = 50256
@@ -162,7 +161,8 @@ EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 def train_bpe(texts, vocab_size):
     """A byte-level BPE (GPT-2's scheme: every text round-trips) trained by `tokenizers` on an iterable of
     texts, with <|endoftext|> as its one special token."""
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
     if vocab_size <= 257:
         raise UserError(f"--vocab_size must be above 257 (256 bytes and <|endoftext|>), got {vocab_size}")
     tok = HFTokenizer(models.BPE())

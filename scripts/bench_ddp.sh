@@ -2,12 +2,12 @@
 # Issue 9's run: GPT-2 124M with config/train_gpt2.py (bf16, compile) on 1 GPU, then under DDP on N GPUs of
 # the same host, 60 steps each on synthetic GPT-2-token shards; tokens/s and MFU are the medians of the last
 # 40 steps. The global batch is the same (40 micro-steps of 12 x 1024, split over the GPUs), so the first
-# losses must agree.    $ bash docs/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
+# losses must agree.    $ bash scripts/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
 set -uo pipefail
 N=${1:-8}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-python docs/synth_data.py
+python scripts/synth_data.py
 RUN="config/train_gpt2.py --dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1 --max_iters=60"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1; python -c "import torch; print('torch', torch.__version__)"
 timeout 280 python train.py $RUN --out_dir=o-ddp-1 > $OUT/ddp_1gpu.log 2>&1

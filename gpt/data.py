@@ -22,10 +22,12 @@ import pickle
 
 import numpy as np
 
-from atomic import atomic_write
-from errors import UserError
+from gpt.atomic import atomic_write
+from gpt.errors import UserError
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of train.py and data/
 
 
 def dtype_for_vocab(vocab_size):
@@ -155,10 +157,15 @@ def list_shards(data_dir, split):
     return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
 
 
+def dataset_dir(dataset):
+    """data/<dataset> in the repository, beside train.py (where nanoGPT keeps datasets too)."""
+    return os.path.join(REPO, "data", dataset)
+
+
 def find_dataset(dataset, data_dir=""):
-    """A dataset's folder (data_dir, or data/<dataset> beside this file), its metadata (None for a nanoGPT
+    """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
     folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing."""
-    data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+    data_dir = data_dir or dataset_dir(dataset)
     prepare_hint = f"python data/{dataset}/prepare.py"
     if not os.path.isdir(data_dir):
         raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "

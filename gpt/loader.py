@@ -1,5 +1,5 @@
 """
-Batches for training and evaluation from a dataset's train.bin / val.bin (see datafiles.py).
+Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data.py).
 
 RandomWindows is nanoGPT's sampler: each batch is batch_size windows of block_size+1 tokens at random
 offsets. The offsets of batch n on a rank come from a random generator seeded with (seed, stream, rank, n),
@@ -16,8 +16,8 @@ import os
 import numpy as np
 import torch
 
-from datafiles import list_shards, open_shard, open_tokens
-from errors import UserError
+from gpt.data import list_shards, open_shard, open_tokens
+from gpt.errors import UserError
 
 
 def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):

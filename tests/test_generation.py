@@ -1,5 +1,5 @@
 """
-decode.py: the fixed-shape KV cache, and the decode step that CUDA replays from a graph. On the CPU the
+generation.py: the fixed-shape KV cache, and the decode step that CUDA replays from a graph. On the CPU the
 step runs eagerly; FakeGraph stands in for a CUDA graph (it records the step's ops with the tensors they
 read and write, and replays them on those same tensors, as a graph reruns its kernels on the same
 addresses), so the logic the GPU relies on is checked here too. The last test captures real graphs on CUDA.
@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import decode
+from gpt import generation
 from model import GPT, GPTConfig
 
 
@@ -60,8 +60,8 @@ def fake_graphs(monkeypatch):
         self.cache.pos.copy_(pos)  # a capture runs nothing: the first replay takes this step
         captures.append(self)
 
-    monkeypatch.setattr(decode, "uses_graphs", lambda model, device: True)
-    monkeypatch.setattr(decode.Decoder, "capture", capture)
+    monkeypatch.setattr(generation, "uses_graphs", lambda model, device: True)
+    monkeypatch.setattr(generation.Decoder, "capture", capture)
     yield captures
 
 
@@ -69,7 +69,7 @@ def fake_graphs(monkeypatch):
 def test_step_logits_match_the_full_forward(family):
     model = tiny(family)
     idx = torch.randint(0, 101, (3, 12))
-    dec = decode.Decoder(model.config.n_layer, 3, 32, "cpu", graphed=False)
+    dec = generation.Decoder(model.config.n_layer, 3, 32, "cpu", graphed=False)
     with torch.no_grad():
         steps = [dec.prefill(model, idx[:, :5])] + [dec.step(model, idx[:, [t]]) for t in range(5, 12)]
         for t, logits in zip(range(5, 13), steps):
@@ -80,7 +80,7 @@ def test_step_logits_match_the_full_forward(family):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_the_step_keeps_its_buffers_and_reads_nothing_back(family):
     model = tiny(family)
-    dec = decode.Decoder(model.config.n_layer, 2, 32, "cpu", graphed=False)
+    dec = generation.Decoder(model.config.n_layer, 2, 32, "cpu", graphed=False)
     with torch.no_grad():
         dec.prefill(model, torch.randint(0, 101, (2, 4)))
         buffers = lambda: [t.data_ptr() for kv in dec.cache.kv for t in kv] + [dec.cache.pos.data_ptr()]
@@ -89,7 +89,7 @@ def test_the_step_keeps_its_buffers_and_reads_nothing_back(family):
             dec.step(model, torch.randint(0, 101, (2, 1)))
         assert buffers() == before  # a graph replays on the addresses it captured
         # on the meta device no value can be read: the step runs all the same (prefill too)
-        meta = decode.Decoder(model.config.n_layer, 2, 32, "meta", graphed=False)
+        meta = generation.Decoder(model.config.n_layer, 2, 32, "meta", graphed=False)
         model.to("meta")
         meta.prefill(model, torch.zeros(2, 4, dtype=torch.long, device="meta"))
         assert meta.step(model, torch.zeros(2, 1, dtype=torch.long, device="meta")).shape == (2, 101)
@@ -138,9 +138,9 @@ def test_compiled_step_matches_uncached(monkeypatch, fake_graphs, graphs):
     # backend, which traces the same way in seconds), once per decoder; the prompt runs uncompiled
     compiled, real_compile = [], torch.compile
     monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(kw) or real_compile(m, backend="eager", **kw))
-    monkeypatch.setattr(decode, "compile_step", True)
+    monkeypatch.setattr(generation, "compile_step", True)
     if not graphs:
-        monkeypatch.setattr(decode, "uses_graphs", lambda model, device: False)
+        monkeypatch.setattr(generation, "uses_graphs", lambda model, device: False)
     model = tiny("llama")
     idx = torch.randint(0, 101, (2, 5))
     fast = model.generate(idx, 20, temperature=0)
@@ -170,7 +170,7 @@ def test_cuda_graphs_match_uncached(family):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_of_the_compiled_step(monkeypatch):
-    monkeypatch.setattr(decode, "compile_step", True)
+    monkeypatch.setattr(generation, "compile_step", True)
     model = tiny("gpt2", n_embd=64).cuda().to(torch.bfloat16)
     idx = torch.randint(0, 101, (3, 5), device="cuda")
     graphed = model.generate(idx, 40, temperature=0)

@@ -1,0 +1,22 @@
+"""
+The library behind the scripts at the top of the repository (train.py, sample.py, bench.py, export.py, ...),
+one module per concern. model.py, the model itself, stays at the top, as in nanoGPT.
+
+    errors       UserError and the one-line `error:` hook every script installs
+    atomic       files written whole or not at all
+    hardware     device and dtype choice, autocast, compile, peak FLOP/s for MFU
+    distributed  torchrun's process group, DDP and FSDP2 wrapping, gradient sync
+    checkpoint   ckpt.pt save/load (atomic, weights_only), sharded saves, resume, conversion
+    data         token files (train.bin/val.bin, shards), dataset metadata, the prepare scripts' helpers
+    loader       batches from the token files, with resumable positions
+    tokenizer    GPT-2 BPE (tiktoken), characters, tokenizers-JSON files
+    hf           the bridge to Hugging Face transformers, both directions, GPT-2 and Llama
+    generation   the KV cache and the (CUDA-graphed) one-token decode step
+    schedule     learning-rate schedule and token budgets
+    stepgraph    the whole training step as one CUDA graph
+    evaluation   loss estimates and samples during training
+    hellaswag    HellaSwag scoring (hellaswag.py and train.py use it)
+    trainlog     the run's log.jsonl, and wandb
+    dashboard    the live web page over log.jsonl (dashboard.py and train.py use it)
+    preemption   SIGTERM / SIGINT: checkpoint and exit
+"""
