@@ -38,6 +38,13 @@ class GPTConfig:
     rope_theta: float = 10000.0  # llama: base of the rotary position embeddings' frequencies
     tie_embeddings: bool = True  # the output projection is the token embedding (GPT-2 ties them, LLaMA does not)
     norm_eps: float = 1e-5  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
+    # switches of the modded-nanogpt speedrun (docs/speedrun.md), all off by default
+    qk_norm: bool = False  # RMSNorm (without a gain) on each head's queries and keys before attention
+    mlp_act: str = 'gelu'  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), for training and generation alike
+    # how the weights start, not what the model is (checkpoints never record it): the residual projections
+    # (c_proj) zero instead of GPT-2's small normal init, so every block starts as the identity
+    zero_init_proj: bool = False
     # how the training loss is computed, not what the model is (so checkpoints never record them): True fuses
     # the output projection and cross-entropy a chunk of loss_chunk positions at a time (LinearCrossEntropy),
     # never making the (B, T, vocab) logits and returning none; False (nanoGPT's way): lm_head, then
@@ -54,6 +61,11 @@ class GPTConfig:
                             f"multiple of n_kv_head={self.n_kv_head}")
         if self.family == 'llama' and (self.n_embd // self.n_head) % 2:
             raise UserError(f"rotary embeddings need an even head size, not {self.n_embd // self.n_head}")
+        if self.mlp_act not in ('gelu', 'relu2') or (self.mlp_act != 'gelu' and self.family != 'gpt2'):
+            raise UserError(f"mlp_act='{self.mlp_act}' is not an option for family {self.family}: use gelu or "
+                            f"relu2 (family gpt2; llama's MLP is SwiGLU)")
+        if not self.logit_softcap >= 0:
+            raise UserError(f"logit_softcap must be 0 (off) or positive, not {self.logit_softcap}")
         if not self.mlp_hidden:
             # llama: 8/3 x n_embd (three matrices, as many weights as GPT-2's two of 4 x), up to a multiple of 64
             self.mlp_hidden = 4 * self.n_embd if self.family == 'gpt2' else -(-8 * self.n_embd // (3 * 64)) * 64
@@ -63,11 +75,12 @@ class GPTConfig:
         defaults - so a GPT-2 checkpoint is still one nanoGPT reads, and a checkpoint without them is GPT-2."""
         default = GPTConfig(n_embd=self.n_embd, n_head=self.n_head)  # n_kv_head, mlp_hidden follow these
         return {k: v for k, v in asdict(self).items()
-                if k in NANOGPT_ARGS or (k not in LOSS_ARGS and v != getattr(default, k))}
+                if k in NANOGPT_ARGS or (k not in LOSS_ARGS + INIT_ARGS and v != getattr(default, k))}
 
 
 NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')
 LOSS_ARGS = ('fused_loss', 'loss_chunk')
+INIT_ARGS = ('zero_init_proj',)
 
 
 class LayerNorm(nn.Module):
@@ -128,7 +141,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     the softmax in fp32, the same FLOPs (the backward matmuls just run early)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, chunk):
+    def forward(ctx, x, weight, targets, chunk, softcap=0.0):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         w = weight.to(dtype)  # cast once, not once per chunk and matmul
@@ -139,13 +152,19 @@ class LinearCrossEntropy(torch.autograd.Function):
         for i in range(0, x.size(0), chunk):
             xs, ts, vs = x[i:i + chunk].to(dtype), targets[i:i + chunk].clamp(min=0), valid[i:i + chunk]
             logits = (xs @ w.t()).float()
+            if softcap:  # logit soft-capping: cap * tanh(z / cap), whose derivative is 1 - tanh^2
+                capped = torch.tanh(logits / softcap)
+                logits = softcap * capped
             lse = torch.logsumexp(logits, dim=-1)
             loss += torch.where(vs, lse - logits.gather(1, ts[:, None]).squeeze(1), 0.0).sum()
             # d loss / d logits = (softmax - one_hot(target)) / count, zero at ignored positions; the 1 / count
             # waits for the backward, where it cannot underflow in fp16. All elementwise, so that compiled,
             # one kernel reads the logits and writes their gradient in the matmul dtype, with no fp32 copy
             one_hot = torch.arange(logits.size(1), device=x.device) == ts[:, None]
-            grad = ((torch.exp(logits - lse[:, None]) - one_hot.float()) * vs[:, None]).to(dtype)
+            grad = (torch.exp(logits - lse[:, None]) - one_hot.float()) * vs[:, None]
+            if softcap:
+                grad = grad * (1 - capped * capped)
+            grad = grad.to(dtype)
             grad_x[i:i + chunk] = grad @ w
             grad_w += (grad.t() @ xs).float()
         ctx.save_for_backward(grad_x, grad_w.to(weight.dtype), count)
@@ -155,7 +174,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_x, grad_w, count = ctx.saved_tensors
         scale = grad_loss / count
-        return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None
+        return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None, None
 
 
 class CausalSelfAttention(nn.Module):
@@ -165,6 +184,7 @@ class CausalSelfAttention(nn.Module):
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_size = config.n_embd // config.n_head
+        self.qk_norm, self.norm_eps = config.qk_norm, config.norm_eps
         # query, key and value projections for all heads, in a batch (fewer key/value heads with GQA)
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -180,6 +200,8 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        if self.qk_norm:  # each head's queries and keys to unit RMS: attention logits cannot blow up
+            q, k = F.rms_norm(q, (hs,), eps=self.norm_eps), F.rms_norm(k, (hs,), eps=self.norm_eps)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         mask, is_causal, kernels = None, True, nullcontext()
@@ -187,9 +209,9 @@ class CausalSelfAttention(nn.Module):
             # every prompt length is a new shape, for which cuDNN attention builds a new plan (~2 ms of CPU
             # per call on an H100), so generation leaves it out
             kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
-            # the new keys and values by position, (B, T, 2, n_kv_head, hs): without rotary embeddings a view
-            # of qkv, so the cache takes both in one copy
-            new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if rope is None else
+            # the new keys and values by position, (B, T, 2, n_kv_head, hs): without rotary embeddings (and
+            # QK-norm) a view of qkv, so the cache takes both in one copy
+            new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if rope is None and not self.qk_norm else
                    torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
             # a generation.KVCache: the keys of its whole capacity, and a mask of those each query may see
             k, v, mask = cache.update(self.layer_idx, new)
@@ -213,11 +235,13 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's own GELU ("gelu_new"), so its weights give its logits
+        self.relu2 = config.mlp_act == 'relu2'  # or ReLU squared (So et al. 2021, Primer; modded-nanogpt)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        return self.dropout(self.c_proj(F.relu(h).square() if self.relu2 else self.gelu(h)))
 
 
 class SwiGLU(nn.Module):
@@ -269,9 +293,11 @@ class GPT(nn.Module):
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
-        # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer)
+        # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer); zero_init_proj zeroes them
         for pn, p in self.named_parameters():
-            if pn.endswith("c_proj.weight"):
+            if pn.endswith("c_proj.weight") and config.zero_init_proj:
+                torch.nn.init.zeros_(p)
+            elif pn.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def get_num_params(self, non_embedding=True):
@@ -319,19 +345,25 @@ class GPT(nn.Module):
         if targets is not None and reduction == "mean" and self.config.fused_loss and torch.is_grad_enabled():
             # training: the loss and its gradient come a chunk of positions at a time, so the (B, T, vocab)
             # logits never exist (no logits returned)
-            logits, loss = None, LinearCrossEntropy.apply(x.view(b * t, -1), self.lm_head.weight,
-                                                          targets.reshape(-1), self.config.loss_chunk)
+            logits, loss = None, LinearCrossEntropy.apply(x.view(b * t, -1), self.lm_head.weight, targets.reshape(-1),
+                                                          self.config.loss_chunk, self.config.logit_softcap)
         elif targets is not None:
-            logits = self.lm_head(x)
+            logits = self.head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
                                    reduction=reduction)
             if reduction == "none":
                 loss = loss.view(b, t)
         else:
-            logits = self.lm_head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
+            logits = self.head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
             # list index [-1], copies nothing from the CPU, which a CUDA graph capture refuses)
             loss = None
         return logits, loss
+
+    def head(self, x):
+        """The logits of the final hidden states x: lm_head, soft-capped where logit_softcap is set (in
+        float32: tanh saturates, and bf16 would round the capped logits coarsely)."""
+        logits, cap = self.lm_head(x), self.config.logit_softcap
+        return cap * torch.tanh(logits.float() / cap) if cap else logits
 
     def crop_block_size(self, block_size):
         """Shrink the context, e.g. to fine-tune GPT-2 (1024) at a smaller block size."""
@@ -353,7 +385,22 @@ class GPT(nn.Module):
         model.load_state_dict(state_dict)
         return model
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def hidden_matrices(self):
+        """The blocks' weight matrices, each with the row counts of the matrices it fuses (c_attn: q, k, v;
+        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/muon.py)."""
+        cfg = self.config
+        kv = cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
+        fc = [cfg.mlp_hidden] * 2 if cfg.family == 'llama' else None
+        return [m for b in self.transformer.h for m in ((b.attn.c_attn.weight, [cfg.n_embd, kv, kv]),
+                (b.attn.c_proj.weight, None), (b.mlp.c_fc.weight, fc), (b.mlp.c_proj.weight, None))]
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=0.0, muon_momentum=0.95,
+                             muon_weight_decay=0.0, parallelism='ddp'):
+        if muon_lr:  # Muon for the blocks' matrices, AdamW for the rest: one optimizer
+            from gpt import muon
+            return muon.configure(self.hidden_matrices(), [p for p in self.parameters() if p.requires_grad],
+                                  learning_rate, muon_lr, weight_decay, muon_weight_decay, betas, muon_momentum,
+                                  device_type, parallelism)
         # every weight matrix and embedding decays; biases and norm gains do not
         params = [p for p in self.parameters() if p.requires_grad]
         decay_params = [p for p in params if p.dim() >= 2]

@@ -73,6 +73,8 @@ n_kv_head = 0  # key/value heads: fewer than n_head is grouped-query attention (
 mlp_hidden = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
 rope_theta = 10000.0  # llama: base of the rotary embeddings' frequencies
 tie_embeddings = True  # share the token embedding with the output projection (GPT-2 does, LLaMA does not)
+qk_norm, mlp_act, logit_softcap = False, 'gelu', 0.0  # speedrun switches: QK-norm, 'relu2' MLP, tanh logit cap
+zero_init_proj = False  # start the residual projections (c_proj) at zero (docs/speedrun.md)
 # adamw optimizer
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
@@ -89,6 +91,8 @@ lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
 warmup_tokens = 0  # or warm up over this many tokens (0: warmup_iters)
 lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or with max_tokens the budget's end)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
+# muon_lr > 0: Muon (gpt/muon.py) for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
+muon_lr, muon_momentum, muon_weight_decay = 0.0, 0.95, 0.0
 # distributed settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
@@ -152,7 +156,8 @@ if meta_vocab_size:
 resumed = None  # the checkpoint a resumed run starts from
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
                   dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
-                  tie_embeddings=tie_embeddings)  # start with model_args from command line
+                  tie_embeddings=tie_embeddings, qk_norm=qk_norm, mlp_act=mlp_act, logit_softcap=logit_softcap,
+                  zero_init_proj=zero_init_proj)  # start with model_args from command line
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
     # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
@@ -213,7 +218,8 @@ model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, har
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, muon_lr,
+                                           muon_momentum, muon_weight_decay, parallelism)
 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(out_dir, enabled=master_process)

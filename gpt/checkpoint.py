@@ -272,7 +272,11 @@ def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size)
     elif isinstance(model, torch.nn.Module) and is_sharded(model):
         print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
     elif 'optimizer' in ckpt:
-        optimizer.load_state_dict(ckpt['optimizer'])
+        try:
+            optimizer.load_state_dict(ckpt['optimizer'])
+        except ValueError as e:  # e.g. a Muon run's state (muon_lr) resumed with AdamW, or the other way round
+            raise UserError(f"{ckpt['path']}: its optimizer state does not fit this run's optimizer ({e}): resume "
+                            f"with the optimizer settings it was trained with (muon_lr)")
     if 'scaler' in ckpt:
         scaler.load_state_dict(ckpt['scaler'])
     if 'train_loader' in ckpt:

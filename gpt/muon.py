@@ -1,0 +1,159 @@
+"""
+Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
+biases), as one torch optimizer: train.py sets its learning rate, clips, steps, saves and resumes it as it
+does AdamW, and the CUDA graph of gpt/stepgraph.py captures it.
+
+Muon (MomentUm Orthogonalized by Newton-Schulz; K. Jordan et al. 2024, kellerjordan.github.io/posts/muon,
+the optimizer of the modded-nanogpt speedrun): keep a momentum of each matrix's gradient, replace it by the
+nearest semi-orthogonal matrix (all singular values ~1, its "zeroth power" U V^T) and step along that. The
+orthogonalization is five steps of a quintic Newton-Schulz iteration in bfloat16, whose coefficients push
+the singular values into about [0.7, 1.2] fast rather than to exactly 1. The update is scaled by
+sqrt(max(1, rows / cols)) so that tall matrices take steps of the same per-entry size.
+
+Cost: the iteration is matmuls on (m x n) matrices, about (4 m^2 n + 2 m^3) x 5 FLOPs each (m <= n): for
+GPT-2 124M 1.6 TFLOP a step, a few ms on an H100 against a step of ~130 ms, provided it runs as a few big
+matmuls, not hundreds of small launches: matrices of one shape (all the blocks' q, k, v and attention
+projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch.
+
+Under DDP every rank orthogonalizes every matrix itself: the gradients are the same on every rank after
+DDP's all-reduce, and so is the momentum, so every rank computes the same update with no communication.
+Sharding the matrices over ranks and all-gathering the updates would save (world_size - 1) / world_size of
+those few ms at the price of a collective and its bookkeeping; not worth it at a few percent of a step.
+FSDP shards the matrices themselves, so that Muon would need to gather them: refused (see configure()).
+"""
+import math
+
+import torch
+
+from gpt.errors import UserError
+
+# the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(G, steps=5, dtype=torch.bfloat16):
+    """The approximate zeroth power U V^T of each matrix of G (..., m, n) by `steps` quintic Newton-Schulz
+    iterations in `dtype` (bfloat16 on the GPU: the tensor cores' speed, accurate enough for an update)."""
+    a, b, c = NS_COEFFICIENTS
+    tall = G.size(-2) > G.size(-1)
+    X = G.to(dtype)
+    if tall:  # iterate on the wide orientation: X X^T is then the smaller Gram matrix
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    return X.mT if tall else X
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Param groups with 'muon': True take Muon steps; the others are handed to torch's AdamW (fused on
+    CUDA), which shares this optimizer's groups and state, so state_dict() and load_state_dict() hold both.
+
+    A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
+    'lr' to the AdamW rate, and lr_scale (muon_lr / learning_rate) keeps Muon's rate in proportion. Its
+    'splits' (row counts) cut a fused matrix into the matrices it stands for (c_attn: q, k and v), each
+    orthogonalized on its own, as modded-nanogpt's separate q, k, v weights are."""
+
+    def __init__(self, muon_groups, adamw_groups, momentum=0.95, nesterov=True, ns_steps=5, fused=None,
+                 **adamw_args):
+        adamw = torch.optim.AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
+        for group in muon_groups:
+            group.update(muon=True, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+            group.setdefault('splits', None)
+            group.setdefault('lr_scale', 1.0)
+            group.setdefault('weight_decay', 0.0)
+        for group in adamw.param_groups:
+            group['muon'] = False
+        super().__init__(adamw.param_groups + muon_groups, {})
+        self._adamw = adamw
+        self._link()
+
+    def _link(self):
+        """Point the inner AdamW at this optimizer's AdamW groups and state (load_state_dict replaces both)."""
+        self._adamw.param_groups = [g for g in self.param_groups if not g['muon']]
+        self._adamw.state = self.state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "MuonAdamW takes no closure"
+        # the CUDA graph's non-finite flag (gpt/stepgraph.py): 1 skips the whole update, on the GPU
+        found_inf = getattr(self, 'found_inf', None)
+        self._adamw.found_inf = found_inf
+        self._adamw.step()
+        del self._adamw.found_inf
+        self._muon_step(found_inf)
+
+    def _muon_step(self, found_inf):
+        # momentum and Nesterov look-ahead for every matrix, then the pieces to orthogonalize, by shape
+        buckets = {}  # (m, n) with m <= n -> [(param, group, row start, piece)]
+        for group in (g for g in self.param_groups if g['muon']):
+            m = group['momentum']
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                buf = self.state[p].get('momentum_buffer')
+                if buf is None:
+                    buf = self.state[p]['momentum_buffer'] = torch.zeros_like(p)
+                if found_inf is not None:  # leave the momentum alone on a skipped step (lerp by 0)
+                    grad = torch.where(found_inf > 0, 0.0, grad)
+                    buf.lerp_(grad, (1 - m) * (1 - found_inf))
+                else:
+                    buf.lerp_(grad, 1 - m)
+                update = grad.lerp(buf, m) if group['nesterov'] else buf
+                start = 0
+                for rows in group['splits'] or [p.size(0)]:
+                    piece = update[start:start + rows]
+                    key = tuple(sorted(piece.shape))
+                    buckets.setdefault(key, []).append((p, group, start, piece))
+                    start += rows
+        for items in buckets.values():
+            # one batched iteration per shape; tall pieces transposed to the wide orientation to join it
+            stacked = torch.stack([piece if piece.size(0) <= piece.size(1) else piece.mT for *_, piece in items])
+            out = orthogonalize(stacked, items[0][1]['ns_steps'])
+            for (p, group, start, piece), o in zip(items, out):
+                o = o if piece.size(0) <= piece.size(1) else o.mT
+                lr = group['lr'] * group['lr_scale']
+                if found_inf is not None:
+                    lr = lr * (1 - found_inf)
+                target = p[start:start + piece.size(0)]
+                if group['weight_decay']:
+                    target.mul_(1 - lr * group['weight_decay'])
+                scale = math.sqrt(max(1.0, piece.size(0) / piece.size(1)))
+                if isinstance(lr, torch.Tensor):  # a tensor learning rate (CUDA graph): no Python float
+                    target.sub_(o.to(p.dtype) * (lr * scale))
+                else:
+                    target.add_(o.to(p.dtype), alpha=-lr * scale)
+
+
+def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
+              momentum, device_type, parallelism='ddp'):
+    """The optimizer train.py uses with muon_lr > 0. muon_params: [(weight, splits or None)], the blocks'
+    matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not)."""
+    if parallelism == 'fsdp':
+        raise UserError("muon_lr does not work with parallelism=fsdp (Muon needs whole matrices, FSDP shards "
+                        "them): use parallelism=ddp or muon_lr=0")
+    if not 0 <= momentum < 1 or muon_lr < 0:
+        raise UserError(f"muon_momentum must be in [0, 1) and muon_lr positive (got {momentum}, {muon_lr})")
+    muon_ids = {id(p) for p, _ in muon_params}
+    adamw_params = [p for p in adamw_params if id(p) not in muon_ids]
+    by_split = {}
+    for p, splits in muon_params:
+        by_split.setdefault(tuple(splits) if splits else None, []).append(p)
+    muon_groups = [dict(params=ps, splits=list(s) if s else None, lr=learning_rate,
+                        lr_scale=muon_lr / learning_rate, weight_decay=muon_weight_decay)
+                   for s, ps in by_split.items()]
+    adamw_groups = [dict(params=[p for p in adamw_params if p.dim() >= 2], weight_decay=weight_decay),
+                    dict(params=[p for p in adamw_params if p.dim() < 2], weight_decay=0.0)]
+    n_muon = sum(p.numel() for p, _ in muon_params)
+    n_adamw = sum(p.numel() for p in adamw_params)
+    print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
+          f"tensors, {n_adamw:,} parameters, lr {learning_rate}")
+    return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, lr=learning_rate, betas=betas,
+                     fused=device_type == 'cuda' or None)

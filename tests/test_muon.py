@@ -1,0 +1,216 @@
+"""
+gpt/muon.py: Muon for the blocks' matrices, AdamW for the rest, as one optimizer. Its step against a plain
+reference (one matrix at a time, float64 Newton-Schulz, torch's AdamW), its state through a checkpoint, a
+skipped (non-finite) step, the CUDA-graph step (FakeGraph on the CPU), and train.py resuming exactly.
+"""
+import io
+import math
+from contextlib import nullcontext
+
+import pytest
+import torch
+from test_resilience import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
+from test_stepgraph import B, Scaled, T, V, batches, fake_capture, plain_step
+
+from gpt import muon, stepgraph
+from gpt.checkpoint import portable
+from gpt.errors import UserError
+from model import GPT, GPTConfig
+
+
+def tiny(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=T, vocab_size=V, dropout=0.0, **kw))
+
+
+def make_opt(model, fused=True, muon_lr=0.02, wd=0.1, muon_wd=0.0):
+    # fused AdamW on the CPU too: the kernel train.py uses on CUDA, and the one that takes found_inf
+    matrices = getattr(model, 'model', model).hidden_matrices()  # a Scaled model holds the GPT
+    opt = muon.configure(matrices, list(model.parameters()), 1e-3, muon_lr, wd, muon_wd, (0.9, 0.95), 0.95, 'cpu')
+    for group in opt.param_groups:
+        group['fused'] = fused if not group['muon'] else None
+    return opt
+
+
+def reference_ns(G, steps=5):
+    """One matrix, float64, written out plainly."""
+    a, b, c = muon.NS_COEFFICIENTS
+    X = G.double()
+    if X.size(0) > X.size(1):
+        return reference_ns(X.T, steps).T
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+def test_batched_newton_schulz_is_each_matrix_on_its_own():
+    g = torch.Generator().manual_seed(0)
+    for shape in ((5, 3, 7), (4, 9, 6)):
+        G = torch.randn(*shape, generator=g, dtype=torch.float64)
+        out = muon.orthogonalize(G, dtype=torch.float64)
+        for i in range(shape[0]):
+            torch.testing.assert_close(out[i], reference_ns(G[i]), rtol=1e-10, atol=1e-10)
+    # what it is for: singular values near 1 (the quintic's band, roughly 0.7 to 1.2), in bf16 as on the GPU
+    s = torch.linalg.svdvals(muon.orthogonalize(torch.randn(3, 16, 48, generator=g)).float())
+    assert s.min() > 0.5 and s.max() < 1.4
+
+
+def reference_step(model, grads, bufs, adamw, lr_muon):
+    """Muon as its description says, matrix by matrix (q, k and v apart), then torch's own AdamW."""
+    with torch.no_grad():
+        for (p, splits), g in zip(model.hidden_matrices(), grads):
+            buf = bufs.setdefault(id(p), torch.zeros_like(p))
+            buf.mul_(0.95).add_(g, alpha=0.05)
+            u = g + 0.95 * (buf - g)  # Nesterov: the gradient moved 0.95 of the way to the new momentum
+            start = 0
+            for rows in splits or [p.size(0)]:
+                piece = u[start:start + rows]
+                scale = math.sqrt(max(1, piece.size(0) / piece.size(1)))
+                p[start:start + rows] -= (lr_muon * scale * reference_ns(piece)).float()
+                start += rows
+    adamw.step()
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float64, torch.bfloat16])
+def test_muon_step_matches_a_plain_reference(monkeypatch, ns_dtype):
+    fast = muon.orthogonalize
+    monkeypatch.setattr(muon, "orthogonalize", lambda G, steps: fast(G, steps, dtype=ns_dtype))
+    model, ref = tiny(), tiny()
+    opt = make_opt(model)
+    matrices = {id(p) for p, _ in ref.hidden_matrices()}
+    rest = [p for p in ref.parameters() if id(p) not in matrices]
+    ref_adamw = torch.optim.AdamW([{'params': [p for p in rest if p.dim() >= 2], 'weight_decay': 0.1},
+                                   {'params': [p for p in rest if p.dim() < 2], 'weight_decay': 0.0}],
+                                  lr=1e-3, betas=(0.9, 0.95))
+    bufs, before = {}, [p.detach().clone() for p, _ in ref.hidden_matrices()]
+    steps = 3 if ns_dtype == torch.float64 else 1
+    for X, Y in batches(steps):
+        for m in (model, ref):
+            m.zero_grad()
+            m(X, Y)[1].backward()
+        opt.step()
+        reference_step(ref, [p.grad for p, _ in ref.hidden_matrices()], bufs, ref_adamw, 0.02)
+    for (p, _), (q, _), p0 in zip(model.hidden_matrices(), ref.hidden_matrices(), before):
+        if ns_dtype == torch.float64:  # the same arithmetic up to float32 rounding, step after step
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        else:  # bf16's iteration is a few percent off float64's (2-4% on random 32 x 32 to 768 x 3072
+            # matrices; up to ~10% on these tiny, nearly low-rank gradients): the same update, rounded
+            assert ((p - p0) - (q - p0)).norm() < 0.15 * (q - p0).norm()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        if id(q) not in matrices:  # fused against torch's default AdamW: rounding, amplified where grads are ~0
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
+    # every matrix moved: none was left to AdamW, none skipped
+    assert sum('momentum_buffer' in opt.state[p] for p, _ in model.hidden_matrices()) == 2 * 4
+
+
+def train_steps(model, opt, data):
+    for X, Y in data:
+        opt.zero_grad(set_to_none=True)
+        model(X, Y)[1].backward()
+        opt.step()
+
+
+def test_state_round_trips_through_a_checkpoint():
+    data = batches(6)
+    whole = tiny(qk_norm=True)
+    whole_opt = make_opt(whole, muon_wd=0.01)
+    train_steps(whole, whole_opt, data)
+    half = tiny(qk_norm=True)
+    half_opt = make_opt(half, muon_wd=0.01)
+    train_steps(half, half_opt, data[:3])
+    f = io.BytesIO()
+    torch.save({'model': half.state_dict(), 'optimizer': portable(half_opt.state_dict())}, f)
+    f.seek(0)
+    ckpt = torch.load(f, weights_only=True)  # as gpt/checkpoint.py reads it
+    resumed = tiny(seed=1, qk_norm=True)
+    resumed.load_state_dict(ckpt['model'])
+    resumed_opt = make_opt(resumed)  # other settings: the checkpoint's win, as with AdamW
+    resumed_opt.load_state_dict(ckpt['optimizer'])
+    assert any(g['muon'] and g['weight_decay'] == 0.01 for g in resumed_opt.param_groups)
+    p, q = resumed.transformer.h[0].attn.c_attn.weight, half.transformer.h[0].attn.c_attn.weight
+    assert torch.equal(resumed_opt.state[p]['momentum_buffer'], half_opt.state[q]['momentum_buffer'])
+    train_steps(resumed, resumed_opt, data[3:])
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "fake-graph"])
+def test_graph_step_with_muon_trains_as_the_plain_loop(monkeypatch, graphed):
+    """The CUDA graph's step (tensor learning rate, found_inf) on the CPU: FakeGraph fails on any value read
+    back to the CPU and replays the recorded ops, so this is what a capture needs. A NaN step is skipped."""
+    if graphed:
+        monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    # float64 iterations: bf16 would turn the last-bit differences of float32 sums into whole bf16 steps
+    fast = muon.orthogonalize
+    monkeypatch.setattr(muon, "orthogonalize", lambda G, steps: fast(G, steps, dtype=torch.float64))
+    ref, model = Scaled(tiny()), Scaled(tiny())  # a loss scale of NaN makes a step non-finite
+    ref_opt, opt = make_opt(ref), make_opt(model)
+    data = batches(6)
+    ref_data, graph_data = iter(data), iter(data)
+    graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=graphed)
+    X, Y = next(graph_data)
+    for i, lr in enumerate([2**-10, 2**-9, 2**-9, 2**-10]):
+        model.scale.fill_(float('nan') if i == 2 else 1.0)
+        ref.scale.fill_(float('nan') if i == 2 else 1.0)
+        plain_step(ref, ref_opt, ref_data, 1, lr)
+        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), lr)
+        assert torch.isfinite(norm) == (i != 2)
+    # equal up to rounding: the graph's Muon rate is lr (a float32 tensor) x lr_scale, the loop's a double;
+    # AdamW blows that up on the key biases, whose gradient is ~0 (softmax ignores them): a fraction of lr
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7 if p.dim() == 2 else 1e-5)
+    for p, q in zip(ref.model.hidden_matrices(), model.model.hidden_matrices()):
+        torch.testing.assert_close(opt.state[q[0]]['momentum_buffer'], ref_opt.state[p[0]]['momentum_buffer'],
+                                   rtol=1e-5, atol=1e-7)
+
+
+def test_refusals():
+    model = tiny()
+    with pytest.raises(UserError, match="fsdp"):
+        muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0, (0.9, 0.95),
+                       0.95, 'cpu', parallelism='fsdp')
+    with pytest.raises(UserError, match="muon_momentum"):
+        model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_momentum=1.5)
+
+
+def test_default_optimizer_is_still_adamw():
+    assert type(tiny().configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')) is torch.optim.AdamW
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_cuda_graph_with_muon_matches_eager():
+    def run(graphed):
+        model = tiny().cuda()
+        opt = muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0,
+                             (0.9, 0.95), 0.95, 'cuda')
+        data = iter(batches(7, 'cuda'))
+        step = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cuda', graphed=graphed)
+        X, Y = next(data)
+        for _ in range(5):
+            X, Y, loss, _ = step.run(X, Y, lambda: next(data), 2**-10)
+        return model, float(loss)
+    eager, graphed = run(False), run(True)
+    assert eager[1] == pytest.approx(graphed[1], rel=1e-5)
+    for p, q in zip(eager[0].parameters(), graphed[0].parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+
+
+def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
+    """train.py end to end with Muon and every switch: 12 steps at once, or 6 then a resume to 12."""
+    args = ["--muon_lr=0.02", "--qk_norm=True", "--mlp_act=relu2", "--logit_softcap=30.0",
+            "--zero_init_proj=True", "--tie_embeddings=False", "--fused_loss=True"]
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args)
+    train(data_dir, halves, *flags(max_iters=6, dropout=0.0), *args)
+    wrong = train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), check=False)
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
+        next(line for line in wrong.stderr.splitlines() if line.startswith("error:") and "muon_lr" in line)]
+    train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), *args)
+    a, b = log_rows(whole), log_rows(halves)
+    assert [(r["loss"], r["lr"], r["grad_norm"]) for r in a] == [(r["loss"], r["lr"], r["grad_norm"]) for r in b]
+    ckpt = torch.load(halves / "ckpt.pt", weights_only=True)
+    assert ckpt["model_args"]["qk_norm"] is True and "zero_init_proj" not in ckpt["model_args"]
+    assert any(g["muon"] for g in ckpt["optimizer"]["param_groups"])
+    assert a[-1]["loss"] < a[0]["loss"]
