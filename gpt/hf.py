@@ -97,8 +97,17 @@ def llama_to_hf(model):
     return config, state_dict
 
 
+# the speedrun's switches (docs/speedrun.md) that transformers' GPT-2 and Llama do not compute, with their
+# defaults; zero_init_proj is only how the weights start, so the export carries it exactly
+UNEXPORTABLE = {'qk_norm': False, 'mlp_act': 'gelu', 'logit_softcap': 0.0}
+
+
 def to_hf(model):
     """(transformers config, state dict) for the model's family."""
+    for name, default in UNEXPORTABLE.items():
+        value = getattr(model.config, name, default)
+        if value != default:
+            raise UserError(f"cannot export {name}={value!r}: transformers' GPT-2 and Llama do not compute it")
     family = getattr(model.config, 'family', 'gpt2')
     if family == 'gpt2':
         return gpt2_to_hf(model)
