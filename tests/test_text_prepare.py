@@ -63,8 +63,13 @@ def test_trained_bpe_separates_documents_with_eot(tmp_path, texts):
     assert (ids == meta["eot"]).sum() == 2 and ids[-1] == meta["eot"]  # after each of the two documents
     out = tmp_path / "out"
     run("train.py", "config/train_text.py", f"--data_dir={data}", f"--out_dir={out}", *TINY)
-    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20")
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=3", "--max_new_tokens=40",
+            "--top_p=0.9", "--stop_at_eot=True", "--start=<|endoftext|>")
     assert "(300 tokens)" in r.stdout
+    # each sample is printed up to its first new end-of-text: only the prompt's is left
+    assert r.stdout[r.stdout.index("tokenizer:"):].count("<|endoftext|>") == 3
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--top_p=1.5", check=False)
+    assert r.returncode != 0 and r.stderr.startswith("error: ") and "top_p" in r.stderr
 
 
 @pytest.mark.parametrize("args, words", [
