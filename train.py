@@ -47,7 +47,8 @@ hellaswag_interval = 0
 sample_interval = 0
 num_samples_train = 4
 sample_prompt = "Hello, I'm a language model,"
-sample_max_tokens = 32
+sample_max_tokens = 32  # each sample also ends at the tokenizer's end-of-text token, where it has one
+sample_top_p = 1.0  # nucleus sampling for the samples (e.g. 0.9); 1.0 = off (top_k 50 either way)
 init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log = False
@@ -265,7 +266,7 @@ def print_samples():
     """Samples of sample_prompt. The master alone samples, except under fsdp, where every rank must take
     part in each forward pass (they draw the same tokens)."""
     texts = draw_samples(raw_model, tokenizer, tokenizer.encode(sample_prompt), num_samples_train,
-                         sample_max_tokens, ctx, device, seed + iter_num)
+                         sample_max_tokens, ctx, device, seed + iter_num, top_p=sample_top_p)
     for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
     log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)

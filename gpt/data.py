@@ -201,51 +201,89 @@ def tiny_shakespeare(input_path, out_dir):
         raise UserError(f"{path} is not UTF-8 text ({e})")
 
 
-# how each kind of local file is read by `datasets`
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+# how each kind of local file is read by `datasets` (compressed ones too: .jsonl.gz, .csv.xz, ...)
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+# what a save_to_disk DatasetDict may call its validation split, in order of preference
+VAL_SPLITS = ("validation", "val", "test")
 
 
-def load_local_documents(path, num_proc=1):
-    """The documents of local files for a prepare script's --local, as a datasets.Dataset (in file order):
-    rows of jsonl/json/parquet files, a whole .txt file as one document, a folder of one kind of those files,
-    or a datasets.save_to_disk folder (its 'train' split, or its only one)."""
+def _kind(path):
+    base = path[:-len(ext)] if (ext := next((c for c in COMPRESSIONS if path.endswith(c)), "")) else path
+    return LOCAL_BUILDERS.get(os.path.splitext(base)[1])
+
+
+def load_local_splits(path, num_proc=1, streaming=False):
+    """The documents of local files for a prepare script's --local: (train, val), datasets.Datasets in file
+    order (IterableDatasets with streaming). Rows of jsonl/json/csv/parquet files (also compressed), a whole
+    .txt file as one document, a folder of one kind of those files, or a datasets.save_to_disk folder: its
+    'train' split (or its only one) and val, its 'validation'/'val'/'test' split, where it has one (else
+    None: the script cuts val from train)."""
     import datasets  # heavy, and only the prepare scripts need it
 
     if not os.path.exists(path):
         raise UserError(f"--local path {path} does not exist")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
         ds = datasets.load_from_disk(path)
+        val = None
         if isinstance(ds, datasets.DatasetDict):
-            if "train" not in ds and len(ds) != 1:
+            val_name = next((name for name in VAL_SPLITS if name in ds), None)
+            others = [name for name in ds if name != val_name]
+            if "train" not in ds and len(others) != 1:
                 raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
-            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-        return ds
+            val = ds[val_name] if val_name else None
+            if val is not None:
+                print(f"using {path}'s '{val_name}' split ({len(val):,} documents) as val, "
+                      f"rather than cutting val from train")
+            ds = ds["train"] if "train" in ds else ds[others[0]]
+        if streaming:  # already on disk: streaming saves nothing, but the caller reads it the same way
+            ds, val = ds.to_iterable_dataset(), val and val.to_iterable_dataset()
+        return ds, val
     files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1] in LOCAL_BUILDERS)
-    kinds = {LOCAL_BUILDERS.get(os.path.splitext(f)[1]) for f in files}
+        os.path.join(path, f) for f in os.listdir(path) if _kind(f))
+    kinds = {_kind(f) for f in files}
     if not files or None in kinds or len(kinds) > 1:
-        raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files "
-                        f"or a save_to_disk folder")
+        raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files (or those "
+                        f"compressed: {'/'.join(COMPRESSIONS)}) or a save_to_disk folder")
     kind = kinds.pop()
     extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
-    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)), **extra)
+    if streaming:
+        return datasets.load_dataset(kind, data_files=files, split="train", streaming=True, **extra), None
+    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)),
+                                 **extra), None
 
 
-def load_documents(local, dataset, text_column, num_proc=1, subset=None):
-    """A prepare script's documents as a datasets.Dataset: its --local files (load_local_documents), else the
-    'train' split of the hub dataset (and subset); checked to have the text column. Mistakes are one line."""
+def load_local_documents(path, num_proc=1):
+    """load_local_splits' train split alone."""
+    return load_local_splits(path, num_proc)[0]
+
+
+def load_documents(local, dataset, text_column, num_proc=1, subset=None, streaming=False, with_val=False):
+    """A prepare script's documents as a datasets.Dataset (an IterableDataset with streaming, read as it
+    downloads, where the source allows): its --local files (load_local_splits), else the 'train' split of
+    the hub dataset (and subset); checked to have the text column. with_val: (train, val), val being a
+    local DatasetDict's validation split or None. Mistakes are one line."""
     import datasets  # heavy, and only the prepare scripts need it
 
+    val = None
     if local is not None:
-        ds = load_local_documents(local, num_proc)
+        ds, val = load_local_splits(local, num_proc, streaming)
     else:
         try:
-            ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
+            if streaming:
+                ds = datasets.load_dataset(dataset, name=subset, split="train", streaming=True)
+            else:
+                ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
         except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
             of = "" if subset is None else f" (subset {subset!r})"
             raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "
                             f"({' '.join(str(e).split())}); pass --local with local files instead")
-    if text_column not in ds.column_names:
-        raise UserError(f"the dataset has no column {text_column!r} (columns: {ds.column_names}); "
+    columns = ds.column_names
+    if columns is None:  # a stream that does not know its columns before its first row
+        columns = list(next(iter(ds)).keys())
+    if text_column not in columns:
+        raise UserError(f"the dataset has no column {text_column!r} (columns: {columns}); "
                         f"pick one with --text_column")
-    return ds
+    if val is not None and text_column not in (val.column_names or [text_column]):
+        raise UserError(f"the dataset's val split has no column {text_column!r} (columns: {val.column_names})")
+    return (ds, val) if with_val else ds

@@ -35,13 +35,20 @@ def estimate_loss(model, loader, eval_iters, ctx, device):
     return out
 
 
-def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed):
-    """num_samples continuations of prompt_ids (top_k 50), from a generator of their own, so sampling never
-    changes the training's random stream; the decoded texts."""
+def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed, top_p=None,
+                 stop_at_eot=True):
+    """num_samples continuations of prompt_ids (top_k 50, and nucleus sampling with top_p < 1), from a
+    generator of their own, so sampling never changes the training's random stream; the decoded texts, each
+    up to its first new end-of-text token where the tokenizer has one (and stop_at_eot)."""
     generator = torch.Generator(device=device).manual_seed(seed)
+    eot = tokenizer.eot if stop_at_eot else None
     model.eval()
     with torch.no_grad(), ctx:
         out = model.generate(torch.tensor([prompt_ids] * num_samples, device=device), max_tokens,
-                             top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
+                             top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size,
+                             top_p=top_p if top_p is not None and top_p < 1 else None, eot=eot)
     model.train()
-    return [tokenizer.decode(row) for row in out.tolist()]
+    rows = out.tolist()
+    if eot is not None:
+        rows = [row[:row.index(eot, len(prompt_ids))] if eot in row[len(prompt_ids):] else row for row in rows]
+    return [tokenizer.decode(row) for row in rows]

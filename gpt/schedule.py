@@ -60,7 +60,7 @@ class Due(NamedTuple):
     """What a step does before it trains (see due())."""
     loss: bool  # evaluate the train/val loss
     hellaswag: bool  # evaluate HellaSwag
-    samples: bool  # draw samples
+    samples: bool  # draw samples (not at step 0 of a training run: its weights are untrained)
     checkpoint: bool  # checkpoint_interval's turn (or the end of the run)
     tokens: int  # tokens seen, when a ckpt_every_tokens checkpoint is due (else 0)
     last: bool  # the run ends after this step's evaluations
@@ -76,5 +76,6 @@ def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_i
     every = lambda interval: bool(interval and fresh and (iter_num % interval == 0 or last or eval_only))
     tokens = fresh and not eval_only and crossed(iter_num, tokens_per_iter, ckpt_every_tokens)
     return Due(loss=every(eval_interval) or tokens, hellaswag=every(hellaswag_interval),
-               samples=every(sample_interval), checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
+               samples=every(sample_interval) and (iter_num > 0 or eval_only),  # step 0's weights are untrained
+               checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
                tokens=iter_num * tokens_per_iter if tokens else 0, last=last)
