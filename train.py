@@ -114,6 +114,8 @@ if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os
                            f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
 if eval_iters <= 0 or eval_interval <= 0:
     raise errors.UserError(f"eval_iters and eval_interval must be positive (got {eval_iters}, {eval_interval})")
+if not 0 < sample_top_p <= 1:
+    raise errors.UserError(f"sample_top_p must be in (0, 1], not {sample_top_p} (1: no nucleus cut)")
 if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 or max_iters < 0:
     raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                            "positive, max_iters not negative")
