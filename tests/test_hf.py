@@ -179,7 +179,7 @@ LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_l
     ("llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True), None),
     ("llama", dict(num_key_value_heads=1, rms_norm_eps=1e-3, rope_theta=77.0), None),
     ("llama", dict(pretraining_tp=2), None),  # same sums, sliced
-    ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type.*'linear'"),
+    ("llama", dict(rope_scaling="linear"), "rope_type.*'linear'"),
     ("llama", dict(head_dim=32), "head_dim=32"),
     ("llama", dict(attention_bias=True, mlp_bias=False), "mlp_bias=False"),
     ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
@@ -190,8 +190,10 @@ def test_import_carries_or_refuses_every_field(family, change, refused, tmp_path
         config = transformers.GPT2Config(**{**GPT2, **change})
         hf_model = transformers.GPT2LMHeadModel(config)
     else:
-        if "rope_scaling" in change and int(transformers.__version__.split(".")[0]) >= 5:
-            change = dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+        if "rope_scaling" in change:  # where each version keeps it, in its own form
+            change = (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+                      if int(transformers.__version__.split(".")[0]) >= 5 else
+                      dict(rope_scaling={"type": "linear", "factor": 2.0}))
         config = transformers.LlamaConfig(**{**LLAMA, **change})
         if refused and "head_dim" not in change:  # some would not even build here; the config is what we read
             config.save_pretrained(tmp_path)
