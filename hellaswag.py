@@ -13,14 +13,13 @@ Reference numbers on the 10,042 validation examples (build-nanogpt's hellaswag.p
     GPT-3 Small (124M), in the GPT-3 paper: 0.337 (its own evaluation)
 The scoring lives in gpt/hellaswag.py, which train.py also uses during training.
 """
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import errors, hardware
+from gpt import distributed, errors, hardware
 from gpt.checkpoint import load_model
 from gpt.errors import UserError
 from gpt.hellaswag import evaluate, load_examples
@@ -45,27 +44,12 @@ def main(argv):
                         f"(got {s['batch_examples']}, {s['limit']})")
 
     torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
-    ddp = 'RANK' in os.environ  # started by torchrun
     device = hardware.resolve_device(s['device'])
+    ddp, rank, _, world_size, device = distributed.init_process(device, '', timeout_minutes=10)  # under torchrun
     device_type = device.split(':')[0]
-    rank, world_size = 0, 1
-    if ddp:
-        rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
-        if device_type == 'cuda':
-            device = f"cuda:{os.environ['LOCAL_RANK']}"
-            torch.cuda.set_device(device)
-            dist.init_process_group(backend='nccl', device_id=torch.device(device))  # no guessing GPU per rank
-        else:
-            dist.init_process_group(backend='gloo')
     ctx = hardware.autocast(device_type, hardware.resolve_dtype(s['dtype'], device_type))
 
-    # rank 0 downloads first, so that the other ranks find the file instead of fetching it too
-    if rank == 0:
-        examples = load_examples(s['path'] or None)
-    if ddp:
-        dist.barrier()
-    if rank != 0:
-        examples = load_examples(s['path'] or None)
+    examples = distributed.rank_zero_first(lambda: load_examples(s['path'] or None))  # rank 0 downloads
     if s['limit']:
         examples = examples[:s['limit']]
 

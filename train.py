@@ -7,7 +7,7 @@ $ python train.py config/train_shakespeare_char.py --batch_size=32 --compile=Fal
 DDP on one node with 8 GPUs:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 
-On several nodes: see README.md, "Multi-node".
+On several nodes: see docs/scaling.md. Every setting is explained in docs/configuration.md.
 """
 import time
 
@@ -18,22 +18,10 @@ import os
 import sys
 
 import torch
-import torch._functorch.config
 import torch.distributed as dist
 
 import configurator
-from gpt import distributed, errors, hardware, schedule, stepgraph
-from gpt.checkpoint import (
-    check_out_dir,
-    gather_rng_states,
-    load_resume_checkpoint,
-    model_from_checkpoint,
-    pretrained_gpt2,
-    restore_training_state,
-    save_training_checkpoint,
-    set_rng_state,
-)
-from gpt.dashboard import start_dashboard
+from gpt import checkpoint, distributed, errors, hardware, schedule, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -52,12 +40,10 @@ eval_iters = 200
 eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
 checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end; -1: never
-keep_checkpoints = 0  # besides ckpt.pt, keep the last N checkpoints as ckpt-<iter>.pt (0: none)
+keep_checkpoints = 0  # keep the last N checkpoints as ckpt-<iter>.pt beside ckpt.pt, and N of the token ones (0: none / all)
 ckpt_every_tokens = 0  # N: also keep ckpt-tok<tokens>-val<val loss>.pt each time N more tokens are seen (0: off)
-keep_last = 0  # of those, keep only the last N (0: all)
-# in-training HellaSwag and samples (master process), each every N steps and at the end; 0 turns them off
+# in-training HellaSwag ($HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag) and samples, every N steps and at the end
 hellaswag_interval = 0
-hellaswag_path = ''  # hellaswag_val.jsonl or its folder; '' downloads it to ~/.cache/nanogpt/hellaswag
 sample_interval = 0
 num_samples_train = 4
 sample_prompt = "Hello, I'm a language model,"
@@ -73,7 +59,7 @@ dashboard_port = 8000  # 0: any free port
 # data
 dataset = 'openwebtext'
 data_dir = ''  # '' means data/<dataset> beside this script
-gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes (divided by the number of DDP ranks)
+gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes (divided by the number of processes)
 batch_size = 12  # micro-batch size
 block_size = 1024
 # model
@@ -103,10 +89,9 @@ lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
 warmup_tokens = 0  # or warm up over this many tokens (0: warmup_iters)
 lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or with max_tokens the budget's end)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
-# DDP settings
+# distributed settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
-fsdp_reduce_fp32 = True  # fsdp: reduce gradients in float32 (else in the run's dtype)
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
@@ -114,10 +99,8 @@ device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
-activation_memory_budget = 1.0  # compile: below 1 (e.g. 0.75), recompute cheap activations in the backward
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
-peak_flops = 0.0  # the device's peak FLOP/s for MFU; 0 looks it up in gpt/hardware.py's table
 # -----------------------------------------------------------------------------
 errors.install()
 _defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
@@ -134,43 +117,39 @@ if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 o
     raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                            "positive, max_iters not negative")
 
-# various inits, derived attributes, I/O setup; under torchrun, one process per GPU (ranks 0 of 1 otherwise)
+# various inits, derived attributes, I/O setup; under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
-ddp, ddp_rank, ddp_local_rank, ddp_world_size, device = distributed.init_process(device, backend, dist_timeout_minutes)
+torchrun, rank, local_rank, world_size, device = distributed.init_process(device, backend, dist_timeout_minutes)
 device_type = device.split(':')[0]
-master_process = ddp_rank == 0  # this process will do logging, checkpointing etc.
-seed_offset = ddp_rank  # each process gets a different seed
+master_process = rank == 0  # this process will do logging, checkpointing etc.
+sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
 # world_size number of processes will be training simultaneously, so we can scale
 # down the desired gradient accumulation iterations per process proportionally
-if gradient_accumulation_steps % ddp_world_size:
+if gradient_accumulation_steps % world_size:
     raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                           f"the {ddp_world_size} DDP processes: use a multiple of {ddp_world_size}")
-gradient_accumulation_steps //= ddp_world_size
+                           f"the {world_size} processes: use a multiple of {world_size}")
+gradient_accumulation_steps //= world_size
 dtype = hardware.resolve_dtype(dtype, device_type)
-tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
-    check_out_dir(out_dir)
+    checkpoint.check_out_dir(out_dir)
 # a token budget (max_tokens, warmup_tokens, lr_decay_tokens) in iterations, now that their size is known
 max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, _defaults, master_process)
-if ckpt_every_tokens and parallelism == 'fsdp' and ddp:
+if ckpt_every_tokens and sharded:
     raise errors.UserError("ckpt_every_tokens does not work with parallelism=fsdp yet: use checkpoint_interval")
-torch.manual_seed(seed + seed_offset)
+torch.manual_seed(seed + rank)  # each process gets a different seed
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
-torch._functorch.config.activation_memory_budget = activation_memory_budget  # read when compiling
 ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_dir, meta, prepare_hint = find_dataset(dataset, data_dir)
 meta_vocab_size = meta['vocab_size'] if meta else None
-token_dtype = meta['dtype'] if meta else 'uint16'
 if meta_vocab_size:
     print(f"found vocab_size = {meta_vocab_size} (inside {data_dir})")
 
 # model init
-iter_num = 0  # can be overridden if init_from='resume' (i.e. from a checkpoint)
-best_val_loss = 1e9
-checkpoint = None
+resumed = None  # the checkpoint a resumed run starts from
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
                   dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
                   tie_embeddings=tie_embeddings)  # start with model_args from command line
@@ -184,16 +163,12 @@ if init_from == 'scratch':
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
-    checkpoint, sharded, ckpt_path = load_resume_checkpoint(out_dir, parallelism)
     # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
-    model_args = {**checkpoint['model_args'], 'dropout': dropout}
-    # a sharded checkpoint's weights are loaded once the model is sharded too, below
-    model = GPT(GPTConfig(**model_args)) if sharded else model_from_checkpoint({**checkpoint, 'model_args': model_args}, ckpt_path)
-    iter_num = checkpoint['iter_num']
-    best_val_loss = float(checkpoint['best_val_loss'])
+    resumed = checkpoint.load_for_resume(out_dir, parallelism)
+    model = checkpoint.model_for_resume(resumed, dropout)
 else:
     print(f"Initializing from pretrained weights: {init_from}")
-    model = pretrained_gpt2(init_from, dropout)
+    model = checkpoint.pretrained_gpt2(init_from, dropout)
 # crop down the model block size if desired, using model surgery
 if block_size < model.config.block_size:
     model.crop_block_size(block_size)
@@ -211,8 +186,8 @@ if meta_vocab_size and meta_vocab_size > vocab_size:
 
 def loader(split, stream):
     """Sequential over shards, or random windows of train.bin/val.bin; checks the files first."""
-    return make_loader(data_dir, split, batch_size, block_size, device, vocab_size, token_dtype, seed, ddp_rank,
-                       ddp_world_size, stream, prepare_hint)
+    return make_loader(data_dir, split, batch_size, block_size, device, vocab_size, meta['dtype'] if meta else 'uint16',
+                       seed, rank, world_size, stream, prepare_hint)
 
 
 train_loader = loader('train', stream=0)
@@ -220,18 +195,12 @@ loader('val', stream=1)  # check the val split now, not at the first evaluation
 
 # what in-training evaluation needs, loaded before any training so a problem shows up at once
 tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None
-if sample_interval:
-    sample_ids = tokenizer.encode(sample_prompt)
 if hellaswag_interval:
     if parallelism == 'fsdp':
         raise errors.UserError("hellaswag_interval does not work with parallelism=fsdp yet (ranks would run "
                                "different numbers of forward passes): evaluate checkpoints with hellaswag.py")
     from gpt import hellaswag
-    if ddp and not master_process:
-        dist.barrier()  # rank 0 downloads the file first
-    hellaswag_examples = hellaswag.load_examples(hellaswag_path or None)
-    if ddp and master_process:
-        dist.barrier()
+    hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -240,64 +209,63 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
-model = distributed.wrap(model, parallelism, device_type, ddp_local_rank, dtype,
-                      fsdp_reduce_fp32, hardware.can_compile(compile, device_type))
+model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type))
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-if init_from == 'resume' and sharded:
-    distributed.load_sharded(sharded, model, optimizer)
 
-# the rest of the training state, and the log
+# the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(out_dir, enabled=master_process)
-elapsed_before, skipped_steps, saved_rng = 0.0, 0, None  # the run's clock, skipped updates, random state
-if init_from == 'resume':
-    elapsed_before, skipped_steps, saved_rng = restore_training_state(
-        checkpoint, optimizer, scaler, train_loader, log, ddp_world_size,
-        with_optimizer=not (parallelism == 'fsdp' and not sharded))
-wandb_run_id = checkpoint.get('wandb_run_id') if checkpoint else None  # resumed: the same wandb run goes on
-checkpoint = None  # free up memory
+state = checkpoint.restore(resumed, model, optimizer, scaler, train_loader, log, rank, world_size)
+iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
+resumed = None  # free up memory
 
 # the whole training step as one CUDA graph (gpt/stepgraph.py), where it can be: captured at the first step
 step_graph = None
-if stepgraph.can_graph(cuda_graph, device_type, ddp, dtype, activation_checkpointing):
+if stepgraph.can_graph(cuda_graph, device_type, torchrun, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
                                      block_size, device)
 
 
+def elapsed():
+    """Seconds of training so far, the earlier launches of a resumed run included."""
+    return state['elapsed'] + time.time() - _launch_time
+
+
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
-    exactly as this one would. With a name: that file instead, one of the last keep_last kept beside ckpt.pt."""
-    state = {
-        'model_args': model_args,
-        'iter_num': iter_num,
-        'best_val_loss': best_val_loss,
-        'config': config,
-        'scaler': scaler.state_dict(),
-        'train_loader': train_loader.state_dict(),
-        'dataset_meta': meta,
-        'log_position': log.position(),
-        'elapsed': elapsed(),
-        'skipped_steps': skipped_steps,
-        'wandb_run_id': wandb_run_id,
-    }
-    if parallelism == 'fsdp' and ddp:
-        distributed.save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
-    else:  # save_training_checkpoint adds 'rng': every rank's random state
-        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), **state}
-        save_training_checkpoint(out_dir, state, name, keep_last if name else keep_checkpoints)
+    exactly as this one would. With a name: that file instead, kept beside ckpt.pt."""
+    checkpoint.save(out_dir, raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
+                    model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
+                    scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
+                    log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
+                    wandb_run_id=state['wandb_run_id'])
 
 
-def elapsed():
-    return elapsed_before + time.time() - _launch_time
+def evaluate(due):
+    """The losses (and HellaSwag) that are due, printed and logged; returns them."""
+    row = {}
+    if due.loss:
+        losses = estimate_loss(model, lambda split: loader(split, stream=1), eval_iters, ctx, device)
+        row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
+    if due.hellaswag:
+        hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, rank, world_size,
+                                progress=True)  # a bar on rank 0, when it writes to a terminal
+        row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
+    if master_process:
+        print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
+              + f", {time.time() - _launch_time:.1f}s since launch")
+        log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
+                  percent=100 * iter_num / max(max_iters, 1), **row)
+    return row
 
 
 def print_samples():
     """Samples of sample_prompt. The master alone samples, except under fsdp, where every rank must take
     part in each forward pass (they draw the same tokens)."""
-    texts = draw_samples(raw_model, tokenizer, sample_ids, num_samples_train, sample_max_tokens, ctx, device,
-                         seed + iter_num)
+    texts = draw_samples(raw_model, tokenizer, tokenizer.encode(sample_prompt), num_samples_train,
+                         sample_max_tokens, ctx, device, seed + iter_num)
     for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
     log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
@@ -307,15 +275,14 @@ def print_samples():
 if master_process:
     print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
 if wandb_log and master_process:
-    log.wandb = start_wandb(wandb_project, wandb_run_name, config, wandb_run_id)  # gets every row of the log
-    wandb_run_id = log.wandb.id
+    log.wandb = start_wandb(wandb_project, wandb_run_name, config, state['wandb_run_id'])  # gets every log row
+    state['wandb_run_id'] = log.wandb.id
 if dashboard and master_process:
+    from gpt.dashboard import start_dashboard
     start_dashboard(out_dir, dashboard_port)
 
 # training loop
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
-if init_from == 'resume' and saved_rng is not None:
-    set_rng_state(saved_rng[ddp_rank])  # dropout continues where the saved run left off
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
 local_iter_num = 0  # number of iterations in the lifetime of this process
@@ -329,39 +296,20 @@ while True:
     for param_group in optimizer.param_groups if step_graph is None else []:  # the graph's is a tensor it sets
         param_group['lr'] = lr
 
-    # evaluate the loss on train/val sets (and HellaSwag) and write checkpoints; at the end too, so the last
-    # model counts. A resumed run skips its first evaluation: the checkpoint it came from was saved right after it.
-    last_step = iter_num >= max_iters
-    fresh = not (iter_num == start_iter and init_from == 'resume') or eval_only
-    due = lambda interval: interval and fresh and (iter_num % interval == 0 or last_step or eval_only)
-    # a kept checkpoint each ckpt_every_tokens tokens, named with a val loss evaluated for it
-    tokens_due = schedule.crossed(iter_num, tokens_per_iter, ckpt_every_tokens) and fresh and not eval_only
-    if due(eval_interval) or due(hellaswag_interval) or tokens_due:
-        row = {}
-        if due(eval_interval) or tokens_due:
-            losses = estimate_loss(model, lambda split: loader(split, stream=1), eval_iters, ctx, device)
-            row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
-        if due(hellaswag_interval):
-            hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, ddp_rank, ddp_world_size,
-                                    progress=True)  # a bar on rank 0, when it writes to a terminal
-            row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
-        if master_process:
-            print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
-                  + f", {time.time() - _launch_time:.1f}s since launch")
-            log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
-                      percent=100 * iter_num / max(max_iters, 1), **row)
-        if 'val_loss' in row and not eval_only:
-            improved = row['val_loss'] < best_val_loss
-            best_val_loss = min(best_val_loss, row['val_loss'])
-            if checkpoint_interval == 0 and (improved or always_save_checkpoint) and iter_num > 0:
-                save()
-    if checkpoint_interval > 0 and fresh and iter_num > 0 and (iter_num % checkpoint_interval == 0 or last_step) and not eval_only:
-        save()
-    if tokens_due:
-        save(f"ckpt-tok{iter_num * tokens_per_iter}-val{row['val_loss']:.4f}.pt")
-    if due(sample_interval) and (master_process or parallelism == 'fsdp'):
+    # evaluate the loss on train/val sets (and HellaSwag), draw samples, write checkpoints: whatever is due at
+    # this step (at the end too, so the last model counts). A resumed run skips what its first step has done.
+    due = schedule.due(iter_num, max_iters, eval_only, init_from == 'resume' and iter_num == start_iter,
+                       eval_interval, hellaswag_interval, sample_interval, tokens_per_iter, ckpt_every_tokens,
+                       checkpoint_interval)
+    row = evaluate(due) if due.loss or due.hellaswag else {}
+    saves = checkpoint.due(iter_num, due, row.get('val_loss'), best_val_loss, eval_only, always_save_checkpoint,
+                           checkpoint_interval)
+    best_val_loss = min(best_val_loss, row.get('val_loss', best_val_loss))
+    for name in saves:
+        save(name)
+    if due.samples and (master_process or parallelism == 'fsdp'):
         print_samples()
-    if eval_only or last_step:
+    if eval_only or due.last:
         break
 
     # forward backward update, with optional gradient accumulation to simulate larger batch size
@@ -383,9 +331,9 @@ while True:
             X, Y = train_loader.next_batch()
             # backward pass, with gradient scaling if training in fp16
             scaler.scale(loss).backward()
-        # clip the gradient (max_norm inf: only measure it); the norm is the same on every DDP rank
+        # clip the gradient (max_norm inf: only measure it); the norm is the same on every rank
         scaler.unscale_(optimizer)
-        grad_norm = distributed.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float('inf')))
+        grad_norm = distributed.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf))
         # a NaN/inf loss or gradient: skip this update rather than poison the weights (fp16: the scaler
         # skips it itself, and lowers its scale)
         if math.isfinite(grad_norm) or dtype == 'float16':
@@ -414,7 +362,7 @@ while True:
     lossf = all_ranks_mean(float(loss_sum), device) if iter_num % log_interval == 0 else None
     if iter_num % log_interval == 0 and master_process:
         if local_iter_num >= 5:  # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops or hardware.peak_flops(device))
+            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, hardware.peak_flops(device))
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
@@ -434,9 +382,9 @@ while True:
         if master_process:
             print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
                   f"(and --out_dir={out_dir})")
-        if ddp:
+        if torchrun:
             dist.destroy_process_group()
         sys.exit(stop.exit_code)
 
-if ddp:
+if torchrun:
     dist.destroy_process_group()

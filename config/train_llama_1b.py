@@ -42,7 +42,7 @@ eval_interval = 1000
 eval_iters = 50
 log_interval = 10
 ckpt_every_tokens = 1_000_000_000
-keep_last = 5
+keep_checkpoints = 5  # also of the ckpt_every_tokens checkpoints
 
 wandb_log = False
 wandb_project = 'llama-1b'

@@ -74,24 +74,47 @@ def gather_rng_states():
     return states
 
 
-def save_training_checkpoint(out_dir, state, name=None, keep=0):
-    """Every rank calls this: each adds its random state under 'rng'; rank 0 writes out_dir/ckpt.pt, and keeps
-    the last `keep` of them as numbered copies (0: none). With a name, out_dir/<name> instead: a checkpoint
-    kept beside ckpt.pt, which it leaves alone (e.g. ckpt-tok<tokens>-val<loss>.pt), and only the last `keep`
-    of its kind (0: all). Nobody moves on, or exits, before it is on disk."""
-    ddp = dist.is_available() and dist.is_initialized()
+def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
+    """A training checkpoint: the model and optimizer, plus `state` (iter_num, config, ...) and every rank's
+    random state. Every rank calls this, and nobody moves on, or exits, before it is on disk.
+    sharded (parallelism=fsdp under torchrun): every rank writes its part into out_dir/ckpt_dcp/. Otherwise
+    rank 0 writes out_dir/ckpt.pt and keeps the last `keep` of them as numbered copies (0: none); with a
+    name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
+    and only the last `keep` of its kind (0: all)."""
+    if sharded:
+        save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+        return
+    distributed = dist.is_available() and dist.is_initialized()
     rng = gather_rng_states()
-    if not ddp or dist.get_rank() == 0:
+    if not distributed or dist.get_rank() == 0:
         path = os.path.join(out_dir, name or "ckpt.pt")
         print(f"saving checkpoint to {path}")
-        state = {**state, "optimizer": portable(state["optimizer"]), "rng": rng}
-        if save_checkpoint(state, path) and keep > 0:
+        ckpt = {"model": model.state_dict(), "optimizer": portable(optimizer.state_dict()), **state, "rng": rng}
+        if save_checkpoint(ckpt, path) and keep > 0:
             if name is None:
                 keep_numbered_copy(path, state["iter_num"], keep)
             else:
                 prune_checkpoints(out_dir, name, keep)
-    if ddp:
+    if distributed:
         dist.barrier()
+
+
+def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval):
+    """The checkpoints to write at this step, after its evaluations (`due`: schedule.due's answer, val_loss
+    the loss just evaluated or None): None stands for ckpt.pt, a file name for a checkpoint kept beside it.
+    checkpoint_interval 0 saves ckpt.pt at evaluations, when the val loss improved or always_save_checkpoint;
+    N > 0 every N steps and at the end; -1 never. ckpt_every_tokens's checkpoints are named with the tokens
+    seen and the val loss. Nothing at step 0 (nothing trained yet) or with eval_only."""
+    if eval_only or iter_num == 0:
+        return []
+    saves = []
+    if checkpoint_interval > 0 and due.checkpoint:
+        saves.append(None)
+    if checkpoint_interval == 0 and val_loss is not None and (val_loss < best_val_loss or always_save_checkpoint):
+        saves.append(None)
+    if due.tokens:
+        saves.append(f"ckpt-tok{due.tokens}-val{val_loss:.4f}.pt")
+    return saves
 
 
 def portable(optimizer_state):
@@ -211,39 +234,62 @@ def prune_checkpoints(folder, name, keep):
             print(f"error: could not remove the old checkpoint {old} ({e.strerror or e})")
 
 
-def restore_training_state(checkpoint, optimizer, scaler, train_loader, log, world_size, with_optimizer=True):
-    """Put a resumed run's optimizer, GradScaler, data position and log where the checkpoint left them.
-    Returns the training time of the earlier launches, the updates skipped so far, and every rank's random
-    state (None when the number of processes changed, with a note). with_optimizer=False: fsdp resuming
-    from a single ckpt.pt, whose optimizer state does not fit the shards."""
-    if with_optimizer and 'optimizer' in checkpoint:
-        optimizer.load_state_dict(checkpoint['optimizer'])
-    elif not with_optimizer:
-        print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
-    if 'scaler' in checkpoint:
-        scaler.load_state_dict(checkpoint['scaler'])
-    if 'train_loader' in checkpoint:
-        train_loader.load_state_dict(checkpoint['train_loader'])
-    log.resume_at(checkpoint.get('log_position', log.position()))
-    rng = checkpoint.get('rng')  # one per rank, restored just before the loop
-    if rng is not None and len(rng) != world_size:
-        print(f"note: the checkpoint comes from {len(rng)} processes, this run has {world_size}: "
-              f"random streams (dropout) start afresh")
-        rng = None
-    return checkpoint.get('elapsed', 0.0), checkpoint.get('skipped_steps', 0), rng
-
-
-def load_resume_checkpoint(out_dir, parallelism):
-    """The checkpoint a resumed run starts from, the sharded folder it is in (None: out_dir/ckpt.pt) and
-    its path. fsdp runs save sharded checkpoints, every rank its part (their weights are loaded once the
-    model is sharded too); the rest a single ckpt.pt."""
+def load_for_resume(out_dir, parallelism):
+    """The checkpoint a resumed run starts from. fsdp runs save sharded checkpoints, every rank its part
+    (their weights are loaded once the model is sharded too: see restore); the rest a single ckpt.pt.
+    The returned dict says where it came from under 'path' and, if sharded, 'sharded'."""
     sharded = sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
     path = sharded or os.path.join(out_dir, 'ckpt.pt')
     print(f"Resuming training from {path}")
     if not sharded and sharded_checkpoint(out_dir) and not os.path.exists(path):
         raise UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
                         f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
-    return (load_train_state(sharded) if sharded else load_checkpoint(path)), sharded, path
+    ckpt = load_train_state(sharded) if sharded else load_checkpoint(path)
+    return {**ckpt, 'path': path, 'sharded': sharded}
+
+
+def model_for_resume(ckpt, dropout):
+    """The model of a resumed run: the checkpoint's shape (GPT-2 where it names no family), this run's
+    dropout; with the checkpoint's weights, except for a sharded one (restore loads those)."""
+    ckpt['model_args'] = {**ckpt['model_args'], 'dropout': dropout}
+    if ckpt['sharded']:
+        return GPT(GPTConfig(**ckpt['model_args']))
+    return model_from_checkpoint(ckpt, ckpt['path'])
+
+
+def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size):
+    """Put a resumed run's weights (sharded), optimizer, GradScaler, data position, log and random state
+    where its checkpoint (from load_for_resume; None for a new run) left them. Returns the run's counters:
+    iter_num, best_val_loss, elapsed (training seconds of the earlier launches), skipped_steps and
+    wandb_run_id (a resumed run goes on in the same wandb run)."""
+    state = dict(iter_num=0, best_val_loss=1e9, elapsed=0.0, skipped_steps=0, wandb_run_id=None)
+    if ckpt is None:
+        return state
+    state.update({k: ckpt[k] for k in state if ckpt.get(k) is not None})
+    state['best_val_loss'] = float(state['best_val_loss'])  # nanoGPT saves a tensor
+    if ckpt['sharded']:
+        load_sharded(ckpt['sharded'], model, optimizer)
+    elif isinstance(model, torch.nn.Module) and is_sharded(model):
+        print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
+    elif 'optimizer' in ckpt:
+        optimizer.load_state_dict(ckpt['optimizer'])
+    if 'scaler' in ckpt:
+        scaler.load_state_dict(ckpt['scaler'])
+    if 'train_loader' in ckpt:
+        train_loader.load_state_dict(ckpt['train_loader'])
+    log.resume_at(ckpt.get('log_position', log.position()))
+    rng = ckpt.get('rng')  # one per rank: dropout continues where the saved run left off
+    if rng is not None and len(rng) != world_size:
+        print(f"note: the checkpoint comes from {len(rng)} processes, this run has {world_size}: "
+              f"random streams (dropout) start afresh")
+    elif rng is not None:
+        set_rng_state(rng[rank])
+    return state
+
+
+def is_sharded(model):
+    """Whether FSDP2 has sharded the model's parameters (they are DTensors then)."""
+    return any(hasattr(p, 'full_tensor') for p in model.parameters())
 
 
 # sharded checkpoints (parallelism=fsdp) go through torch.distributed.checkpoint (DCP): every rank writes

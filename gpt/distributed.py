@@ -33,7 +33,7 @@ def init_process(device, backend, timeout_minutes):
     return True, rank, local_rank, world_size, device
 
 
-def wrap(model, parallelism, device_type, local_rank, dtype, reduce_fp32=True, compile=False):
+def wrap(model, parallelism, device_type, local_rank, dtype, compile=False):
     """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded."""
     if parallelism == "ddp":
         if compile:
@@ -47,16 +47,27 @@ def wrap(model, parallelism, device_type, local_rank, dtype, reduce_fp32=True, c
     if not (dist.is_available() and dist.is_initialized()):
         raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    # compute in the run's dtype; reduce gradients in float32 unless asked otherwise
+    # compute in the run's dtype; reduce gradients in float32, as DDP does (bf16 sums of many ranks lose bits)
     param_dtype = getattr(torch, dtype) if dtype != "float32" else None
-    reduce_dtype = torch.float32 if reduce_fp32 else param_dtype
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model.transformer.h:
         if compile:
             block.compile()  # in place, per block: keeps parameter names and the FSDP units intact
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)  # embeddings, final norm and the (tied) head
     return model
+
+
+def rank_zero_first(load):
+    """load() on rank 0 first, then on the other ranks (which then find what rank 0 downloaded)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return load()
+    if dist.get_rank() == 0:
+        result = load()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        result = load()
+    return result
 
 
 def set_gradient_sync(model, sync):

@@ -1,8 +1,10 @@
 """
-The learning-rate schedule (linear warmup, then cosine decay to min_lr) and the token budget: max_tokens,
-warmup_tokens and lr_decay_tokens turned into the iteration counts that the schedule and the loop use.
+When things happen in a run: the learning-rate schedule (linear warmup, then cosine decay to min_lr), the
+token budget (max_tokens, warmup_tokens and lr_decay_tokens turned into the iteration counts that the schedule and the loop
+use), and which evaluations, samples and checkpoints are due at a step.
 """
 import math
+from typing import NamedTuple
 
 from gpt.errors import UserError
 
@@ -52,3 +54,27 @@ def crossed(iter_num, tokens_per_iter, every):
     """Whether the tokens seen after iter_num steps passed a multiple of `every` during the last step."""
     seen, before = iter_num * tokens_per_iter, (iter_num - 1) * tokens_per_iter
     return every > 0 and iter_num > 0 and seen // every > before // every
+
+
+class Due(NamedTuple):
+    """What a step does before it trains (see due())."""
+    loss: bool  # evaluate the train/val loss
+    hellaswag: bool  # evaluate HellaSwag
+    samples: bool  # draw samples
+    checkpoint: bool  # checkpoint_interval's turn (or the end of the run)
+    tokens: int  # tokens seen, when a ckpt_every_tokens checkpoint is due (else 0)
+    last: bool  # the run ends after this step's evaluations
+
+
+def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval, sample_interval,
+        tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0):
+    """What is due at step iter_num, before it trains: each interval's multiples and the last step (all of
+    them with eval_only). A run resumed at this step skips it all: the run it resumes did it just before
+    saving."""
+    last = iter_num >= max_iters
+    fresh = not resumed_here or eval_only
+    every = lambda interval: bool(interval and fresh and (iter_num % interval == 0 or last or eval_only))
+    tokens = fresh and not eval_only and crossed(iter_num, tokens_per_iter, ckpt_every_tokens)
+    return Due(loss=every(eval_interval) or tokens, hellaswag=every(hellaswag_interval),
+               samples=every(sample_interval), checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
+               tokens=iter_num * tokens_per_iter if tokens else 0, last=last)

@@ -44,7 +44,8 @@ def shards(tmp_path_factory, gpt2_ranks_path):
 def train(shards, out_dir, **kw):
     args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
     r = subprocess.run([sys.executable, "train.py", f"--data_dir={shards}", f"--out_dir={out_dir}", *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=240)
+                       cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "HELLASWAG_DIR": str(shards)})  # its hellaswag_val.jsonl
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
 
@@ -58,7 +59,7 @@ def test_samples_and_hellaswag_during_training_leave_the_losses_alone(shards, tm
     plain, extras = tmp_path / "plain", tmp_path / "extras"
     train(shards, plain, max_iters=8)
     r = train(shards, extras, max_iters=8, sample_interval=4, num_samples_train=2, sample_max_tokens=8,
-              hellaswag_interval=4, hellaswag_path=shards / "hellaswag_val.jsonl")
+              hellaswag_interval=4)
     # the same losses, bitwise, with sampling and HellaSwag on: they draw on no training random stream
     assert [(x["loss"], x["grad_norm"]) for x in rows(plain, "train")] == \
            [(x["loss"], x["grad_norm"]) for x in rows(extras, "train")]

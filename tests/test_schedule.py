@@ -1,7 +1,7 @@
 """
 The learning-rate schedule and the token budget: max_tokens / warmup_tokens / lr_decay_tokens give the same
 run as the iteration settings they stand for, stop at the right step, and are logged with the percent done;
-ckpt_every_tokens keeps checkpoints named with tokens and val loss, the last keep_last of them.
+ckpt_every_tokens keeps checkpoints named with tokens and val loss, the last keep_checkpoints of them.
 """
 import json
 import os
@@ -87,7 +87,7 @@ def test_a_token_budget_runs_the_same_schedule_and_keeps_checkpoints(data_dir, t
     a = train(data_dir, by_iters, max_iters=12, warmup_iters=3, lr_decay_iters=12)
     # 12 steps of 64 tokens cover a budget of 758; warm-up 3 steps; the decay ends with the budget
     b = train(data_dir, by_tokens, max_tokens=12 * TOKENS_PER_ITER - 10, warmup_tokens=3 * TOKENS_PER_ITER,
-              ckpt_every_tokens=200, keep_last=2)
+              ckpt_every_tokens=200, keep_checkpoints=2)
     assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
     assert "max_tokens=758 -> max_iters=12" in b.stdout and "warmup_tokens=192 -> warmup_iters=3" in b.stdout
     train_a, train_b = rows(by_iters, "train"), rows(by_tokens, "train")
@@ -111,3 +111,39 @@ def test_both_settings_given_is_one_line(data_dir, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: max_iters=50 and max_tokens=1000 are both set: give one (--max_iters=0 " \
                                "to use max_tokens)"
+
+
+def due(iter_num, max_iters=100, eval_only=False, resumed_here=False, eval_interval=10, hellaswag_interval=0,
+        sample_interval=0, tokens_per_iter=64, ckpt_every_tokens=0, checkpoint_interval=0):
+    return schedule.due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval,
+                        sample_interval, tokens_per_iter, ckpt_every_tokens, checkpoint_interval)
+
+
+def test_what_is_due_at_a_step():
+    assert due(0).loss and due(20).loss and not due(21).loss and due(100).loss and due(100).last
+    assert due(25, eval_interval=10, sample_interval=5).samples and not due(25).loss
+    assert not due(20, resumed_here=True).loss  # the resumed run evaluated this step before saving
+    assert due(20, resumed_here=True, eval_only=True).loss and due(7, eval_only=True).hellaswag is False
+    assert due(7, eval_only=True, hellaswag_interval=50).hellaswag  # eval_only: everything at once
+    assert due(30, checkpoint_interval=15).checkpoint and not due(31, checkpoint_interval=15).checkpoint
+    assert not due(30).checkpoint and due(100, checkpoint_interval=33).checkpoint  # and at the end
+    # ckpt_every_tokens: the first step past each multiple, with its loss evaluated for the name
+    assert [n for n in range(12) if due(n, ckpt_every_tokens=200).tokens] == [4, 7, 10]
+    assert due(4, ckpt_every_tokens=200) == (True, False, False, False, 256, False)
+    assert not due(4, ckpt_every_tokens=200, resumed_here=True).tokens
+
+
+def test_the_checkpoint_decision():
+    from gpt import checkpoint
+    decide = lambda n, val, best=2.0, always=False, interval=0, eval_only=False, **kw: checkpoint.due(
+        n, due(n, checkpoint_interval=interval, **kw), val, best, eval_only, always, interval)
+    assert decide(10, 1.9) == [None]  # improved: ckpt.pt
+    assert decide(10, 2.1) == [] and decide(10, 2.1, always=True) == [None]
+    assert decide(0, 1.0) == [] and decide(10, 1.0, eval_only=True) == []  # nothing trained / nothing to save
+    assert decide(11, None) == []  # no evaluation at this step
+    # checkpoint_interval N: every N steps and at the end, whatever the loss; -1: never
+    assert decide(15, None, interval=5) == [None] and decide(10, 1.0, interval=5) == [None]
+    assert decide(16, None, interval=5) == [] and decide(100, None, interval=33) == [None]
+    assert decide(10, 1.0, interval=-1) == []
+    # a token checkpoint, named with the tokens seen and the val loss, besides ckpt.pt
+    assert decide(4, 2.5, ckpt_every_tokens=200, always=True) == [None, "ckpt-tok256-val2.5000.pt"]

@@ -44,9 +44,9 @@ def chars(tmp_path_factory, shakespeare_text_path):
 
 def train(data_dir, out_dir, wandb_dir, **kw):
     args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
-    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
-                        f"--hellaswag_path={data_dir / 'hellaswag_val.jsonl'}", *args],
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
+           "HELLASWAG_DIR": str(data_dir)}  # its hellaswag_val.jsonl
+    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
