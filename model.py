@@ -107,7 +107,9 @@ def make_norm(config):
 def rotary(positions, head_size, theta):
     """cos and sin (T, head_size) of the rotary embedding's angles at these positions, in float32, laid out
     as transformers' Llama does: the frequencies twice over, for rotate_half's two halves."""
-    inv_freq = theta ** -(torch.arange(0, head_size, 2, device=positions.device, dtype=torch.float32) / head_size)
+    # 1 / theta^(2i / d) computed as transformers does (not theta^-(2i / d), which rounds differently)
+    dims = torch.arange(0, head_size, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (dims / head_size))
     angles = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()

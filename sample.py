@@ -43,9 +43,10 @@ device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
 
 # model, and the tokenizer of the data it was trained on
+# a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
+folder = None if init_from == 'resume' else folder_meta(init_from)
 model, meta = load_model(init_from, out_dir)
-if meta is None and init_from != 'resume':
-    meta = folder_meta(init_from)  # a transformers folder's own tokenizer.json, where it has one
+meta = meta or folder
 tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
 print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
 eot = tokenizer.eot if stop_at_eot else None

@@ -210,11 +210,28 @@ def hf_meta(tokenizer_json, where="the tokenizer"):
 
 
 def folder_meta(init_from):
-    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say), or None when there
-    is none: then the model is GPT-2's, with its BPE."""
+    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say); None where there is
+    none and the model is GPT-2's (its vocabulary GPT-2 BPE's 50257, or 50304 padded): GPT-2 BPE, as in
+    nanoGPT. Any other folder without one is a UserError naming the missing file: its ids mean nothing
+    known, and GPT-2's would index past its vocabulary."""
+    if not os.path.isdir(init_from):
+        return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
-        return None
+        import json
+        try:
+            with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            config = {}
+        kind, vocab = config.get("model_type", "?"), config.get("vocab_size", "?")
+        if kind == "gpt2" and vocab in (GPT2_EOT + 1, 50304):
+            return None
+        also = (" (its tokenizer.model, a sentencepiece file, is not read: AutoTokenizer.from_pretrained(folder)"
+                ".save_pretrained(folder) writes tokenizer.json)") if os.path.isfile(
+            os.path.join(init_from, "tokenizer.model")) else ""
+        raise UserError(f"{path} is missing, so the tokenizer of this {kind} model ({vocab} tokens, not GPT-2's "
+                        f"BPE) cannot be known{also}")
     with open(path, encoding="utf-8") as f:
         tokenizer_json = f.read()
     return {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}
