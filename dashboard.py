@@ -1,6 +1,6 @@
 """
 A live web page over a run's log (out_dir/log.jsonl): train and val loss against steps and tokens, the
-learning rate, tokens/s and MFU, HellaSwag when the run has it, and the latest samples. It updates itself
+learning rate, the gradient norm, tokens/s and MFU, HellaSwag when the run has it, and the latest samples. It updates itself
 while the run goes on, without reloading.
 
 $ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/

@@ -27,7 +27,7 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import get_tokenizer
-from gpt.trainlog import TrainLog, start_wandb
+from gpt.trainlog import TrainLog, start_wandb, step_line
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -366,10 +366,9 @@ while True:
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
-        mfu_text = (f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else "") + (f", mem {mem:.1f}GiB" if mem else "")
         percent = 100 * (iter_num + 1) / max(max_iters, 1)  # of the run, once this step is done
-        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}"
-              f"{mfu_text}, {(iter_num + 1) * tokens_per_iter:,} tokens ({percent:.1f}%)")
+        print(step_line(iter_num, lossf, lr, grad_norm, dt, tokens_per_iter, running_mfu, mem,
+                        (iter_num + 1) * tokens_per_iter, percent))
         log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
                   loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                   mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)

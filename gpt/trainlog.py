@@ -85,6 +85,16 @@ def start_wandb(project, name, config, run_id=None):
     return run
 
 
+def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, tokens, percent):
+    """The line a training step prints (build-nanogpt's, with more): loss, learning rate, gradient norm (the
+    run's health signal: spikes come before loss spikes), time, throughput, MFU and memory where known, and
+    how far the run is."""
+    extra = (f", mfu {mfu * 100:.2f}%" if mfu is not None and mfu >= 0 else "") + (
+        f", mem {mem_gib:.1f}GiB" if mem_gib else "")
+    return (f"iter {step}: loss {loss:.4f}, lr {lr:.3e}, norm {grad_norm:.4f}, time {dt * 1000:.2f}ms, "
+            f"tok/s {tokens_per_iter / dt:,.0f}{extra}, {tokens:,} tokens ({percent:.1f}%)")
+
+
 def read_log(out_dir):
     """All rows of a run's log (a partly written last line, from a run still going, is skipped)."""
     path = os.path.join(out_dir, LOG_NAME)

@@ -146,8 +146,8 @@ def test_page_charts_mfu_and_hellaswag_when_the_log_has_them(tmp_path):
             points = page.evaluate("Object.fromEntries([...document.querySelectorAll('.card[data-points]')]"
                                    ".map(c => [c.id, +c.dataset.points]))")
             # 21 train rows (MFU from 16 of them), 5 evaluations
-            assert points == {"loss-step": 21 + 2 * 5, "loss-tokens": 21 + 2 * 5, "lr": 21, "tokens-per-s": 21,
-                              "mfu": 16, "hellaswag": 2 * 5}
+            assert points == {"loss-step": 21 + 2 * 5, "loss-tokens": 21 + 2 * 5, "lr": 21, "grad-norm": 21,
+                              "tokens-per-s": 21, "mfu": 16, "hellaswag": 2 * 5}
             assert page.evaluate("dashboard.plots.mfu.data[1].filter(v => v != null)[0]") == pytest.approx(31)
             browser.close()
     finally:
@@ -180,11 +180,13 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
                 .map(([id, u]) => [id, {x: u.data[0].length, points: +document.getElementById(id).dataset.points,
                                         canvas: !!document.querySelector('#' + id + ' canvas')}])),
                 dashboard.rows.train.length, dashboard.rows.eval.length]""")
-            assert set(charts) == {"loss-step", "loss-tokens", "lr", "tokens-per-s"}, charts  # no MFU on a CPU
+            # no MFU on a CPU
+            assert set(charts) == {"loss-step", "loss-tokens", "lr", "grad-norm", "tokens-per-s"}, charts
             assert all(c["canvas"] and c["points"] > 0 for c in charts.values()), charts
             # loss vs step: a loss per train row, and a train and a val loss per evaluation
             assert charts["loss-step"]["points"] == train_rows + 2 * eval_rows
             assert charts["lr"]["points"] == charts["lr"]["x"] == train_rows
+            assert charts["grad-norm"]["points"] == train_rows  # every step's norm is finite here
             samples = page.inner_text("#samples")
             assert "ROMEO:" in samples
             page.wait_for_function(f"+document.body.dataset.trainRows > {train_rows}", timeout=60000)  # still live

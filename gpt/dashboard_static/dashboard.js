@@ -12,6 +12,7 @@ const CHARTS = [
   {id: "loss-step", title: "loss vs step", x: "step", series: LOSSES},
   {id: "loss-tokens", title: "loss vs tokens", x: "tokens", series: LOSSES},
   {id: "lr", title: "learning rate", x: "step", series: [["lr", "train", "lr"]]},
+  {id: "grad-norm", title: "gradient norm", x: "step", series: [["norm", "train", "grad_norm"]]},
   {id: "tokens-per-s", title: "tokens/s", x: "step", series: [["tokens/s", "train", "tokens_per_s"]]},
   {id: "mfu", title: "MFU (%)", x: "step", series: [["MFU %", "train", "mfu", 100]], optional: true},
   {id: "hellaswag", title: "HellaSwag", x: "step", optional: true,

@@ -1,0 +1,53 @@
+"""
+What a user sees of a run and what it takes in: the step line (loss, lr, grad norm, ...), the data found at the
+start and the totals at the end, total_batch_size, the lr_schedule choices, build-nanogpt's .npy shards.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpt.data import write_meta, write_tokens
+from gpt.trainlog import read_log, step_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
+            eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
+            compile=False, device="cpu", dtype="float32", dataset="tiny", warmup_iters=2, lr_decay_iters=6,
+            max_iters=6)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    pattern = [(i * 5 + i // 16) % 16 for i in range(4000)]
+    write_tokens(d / "train.bin", pattern)
+    write_tokens(d / "val.bin", pattern[:600])
+    write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")})
+    return d
+
+
+def train(data_dir, out_dir, **kw):
+    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+    return subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def test_step_line_reads_like_build_nanogpt():
+    line = step_line(7, 3.14159, 6e-4, 0.8123, 0.0125, 2048, 0.4123, None, 16384, 12.5)
+    assert line == ("iter 7: loss 3.1416, lr 6.000e-04, norm 0.8123, time 12.50ms, tok/s 163,840, mfu 41.23%, "
+                    "16,384 tokens (12.5%)")
+    assert "mfu" not in step_line(0, 1.0, 1e-3, 1.0, 0.01, 64, -1.0, None, 64, 1.0)  # not measured yet
+
+
+def test_a_run_shows_lr_and_norm_on_every_step_line(data_dir, tmp_path):
+    r = train(data_dir, tmp_path / "out")
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = [row for row in read_log(tmp_path / "out") if row["kind"] == "train"]
+    lines = re.findall(r"^iter (\d+): loss ([\d.]+), lr ([\d.e+-]+), norm ([\d.]+), time .*ms, tok/s", r.stdout, re.M)
+    assert [int(n) for n, *_ in lines] == [row["step"] for row in log] == list(range(6))
+    for (_, _loss, lr, norm), row in zip(lines, log):
+        assert float(lr) == pytest.approx(row["lr"], rel=1e-3) and float(norm) == pytest.approx(row["grad_norm"], 1e-3)
