@@ -60,6 +60,7 @@ dashboard_port = 8000  # 0: any free port
 dataset = 'openwebtext'
 data_dir = ''  # '' means data/<dataset> beside this script
 gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes (divided by the number of processes)
+total_batch_size = 0  # or tokens per optimizer step: gradient_accumulation_steps from batch_size, block_size, GPUs
 batch_size = 12  # micro-batch size
 block_size = 1024
 # model
@@ -123,6 +124,8 @@ torchrun, rank, local_rank, world_size, device = distributed.init_process(device
 device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
+gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
+                                                         block_size, world_size, master_process)
 # world_size number of processes will be training simultaneously, so we can scale
 # down the desired gradient accumulation iterations per process proportionally
 if gradient_accumulation_steps % world_size:

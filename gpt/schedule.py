@@ -24,6 +24,28 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
+def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size,
+                       verbose=True):
+    """gradient_accumulation_steps for all processes together (train.py divides it by world_size):
+    total_batch_size / (batch_size * block_size * world_size) * world_size when total_batch_size (tokens per
+    optimizer step, build-nanogpt's setting) is set, else gradient_accumulation_steps as it is."""
+    if total_batch_size == 0:
+        return gradient_accumulation_steps
+    per_micro_step = batch_size * block_size * world_size
+    if total_batch_size < 0 or total_batch_size % per_micro_step:
+        lower = max(total_batch_size, 0) // per_micro_step * per_micro_step
+        upper = lower + per_micro_step
+        choices = f"{lower} or {upper}" if lower else f"{upper}"
+        raise UserError(f"total_batch_size={total_batch_size:,} is not a multiple of batch_size*block_size*world_size"
+                        f" = {batch_size}*{block_size}*{world_size} = {per_micro_step:,}: use {choices} "
+                        f"(or 0 to set gradient_accumulation_steps instead)")
+    steps = total_batch_size // per_micro_step
+    if verbose:
+        print(f"total_batch_size={total_batch_size:,} -> gradient_accumulation_steps={steps * world_size:,}"
+              + (f" ({steps} per process)" if world_size > 1 else ""))
+    return steps * world_size
+
+
 def iterations(config, tokens_per_iter, defaults, verbose=True):
     """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes
     ceil(tokens / tokens_per_iter) iterations (so a run stops at the first step that reaches max_tokens).

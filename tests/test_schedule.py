@@ -147,3 +147,21 @@ def test_the_checkpoint_decision():
     assert decide(10, 1.0, interval=-1) == []
     # a token checkpoint, named with the tokens seen and the val loss, besides ckpt.pt
     assert decide(4, 2.5, ckpt_every_tokens=200, always=True) == [None, "ckpt-tok256-val2.5000.pt"]
+
+
+def test_total_batch_size_gives_the_accumulation_steps(capsys):
+    steps = lambda total, world=1: schedule.accumulation_steps(total, 40, 12, 1024, world)
+    assert steps(0) == 40  # off: gradient_accumulation_steps as set
+    assert steps(524288 - 524288 % (12 * 1024)) == 42 and "-> gradient_accumulation_steps=42" in capsys.readouterr().out
+    assert schedule.accumulation_steps(524288, 1, 16, 1024, 8) == 32  # build-nanogpt's: 4 per GPU on 8 GPUs
+    with pytest.raises(UserError, match=r"^total_batch_size=524,288 is not a multiple of batch_size\*block_size\*"
+                                        r"world_size = 12\*1024\*1 = 12,288: use 516096 or 528384 "):
+        steps(524288)
+    with pytest.raises(UserError, match="use 12288 "):
+        steps(1000)
+
+
+def test_total_batch_size_that_does_not_divide_is_one_line(data_dir, tmp_path):
+    r = train(data_dir, tmp_path / "out", total_batch_size=100)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "error: total_batch_size=100 is not a multiple of batch_size*block_size*world_size = 4*16*1 = 64: use 64 or 128")
