@@ -84,12 +84,14 @@ beta2 = 0.95
 grad_clip = 1.0  # clip gradients at this value, or disable if == 0.0
 max_nonfinite_steps = 10  # stop after this many updates in a row skipped for a NaN/inf loss or gradient
 # learning rate decay settings
-decay_lr = True  # whether to decay the learning rate
+decay_lr = True  # False: learning_rate at every step, without warm-up (as nanoGPT)
 warmup_iters = 2000  # how many steps to warm up for
 lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
 warmup_tokens = 0  # or warm up over this many tokens (0: warmup_iters)
 lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or with max_tokens the budget's end)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
+lr_schedule = 'cosine'  # after the warm-up: 'cosine' (to min_lr), 'constant', or 'wsd' (stable, then linear decay)
+lr_decay_frac = 0.2  # wsd: decay to min_lr over this last fraction of max_iters
 # distributed settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
@@ -295,7 +297,8 @@ nonfinite_in_a_row = 0
 while True:
 
     # determine and set the learning rate for this iteration
-    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
+    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters,
+                         lr_schedule if decay_lr else 'none', lr_decay_frac, max_iters)  # decay_lr=False: constant
     for param_group in optimizer.param_groups if step_graph is None else []:  # the graph's is a tensor it sets
         param_group['lr'] = lr
 

@@ -51,3 +51,15 @@ def test_a_run_shows_lr_and_norm_on_every_step_line(data_dir, tmp_path):
     assert [int(n) for n, *_ in lines] == [row["step"] for row in log] == list(range(6))
     for (_, _loss, lr, norm), row in zip(lines, log):
         assert float(lr) == pytest.approx(row["lr"], rel=1e-3) and float(norm) == pytest.approx(row["grad_norm"], 1e-3)
+
+
+def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
+    from gpt.schedule import get_lr
+    r = train(data_dir, tmp_path / "out", total_batch_size=128, lr_schedule="wsd", lr_decay_frac=0.5,
+              max_iters=6, warmup_iters=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "total_batch_size=128 -> gradient_accumulation_steps=2" in r.stdout
+    log = [row for row in read_log(tmp_path / "out") if row["kind"] == "train"]
+    assert [row["tokens"] for row in log] == [128 * (n + 1) for n in range(6)]
+    assert [row["lr"] for row in log] == pytest.approx([get_lr(n, 1e-2, 1e-3, 1, 6, "wsd", 0.5, 6) for n in range(6)])
+    assert [row["lr"] for row in log][1:3] == [1e-2, 1e-2] and log[-1]["lr"] == pytest.approx(1e-3)
