@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import configurator
 from gpt import checkpoint, distributed, errors, hardware, schedule, stepgraph
-from gpt.data import find_dataset
+from gpt.data import describe_dataset, find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
@@ -150,8 +150,8 @@ ctx = hardware.autocast(device_type, dtype)
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_dir, meta, prepare_hint = find_dataset(dataset, data_dir)
 meta_vocab_size = meta['vocab_size'] if meta else None
-if meta_vocab_size:
-    print(f"found vocab_size = {meta_vocab_size} (inside {data_dir})")
+if master_process:
+    print(describe_dataset(data_dir, meta))  # the shards or files, their tokens, the vocabulary
 
 # model init
 resumed = None  # the checkpoint a resumed run starts from
@@ -384,6 +384,7 @@ while True:
     # preemption: the step is done; checkpoint it and leave
     if stop.requested(device):
         save()
+        log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
         if master_process:
             print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
                   f"(and --out_dir={out_dir})")
@@ -391,5 +392,6 @@ while True:
             dist.destroy_process_group()
         sys.exit(stop.exit_code)
 
+log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
 if torchrun:
     dist.destroy_process_group()

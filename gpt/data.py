@@ -176,6 +176,21 @@ def list_shards(data_dir, split):
     return sorted(glob.glob(pattern + ".bin") + glob.glob(pattern + ".npy"))
 
 
+def describe_dataset(data_dir, meta):
+    """One line on what a dataset folder holds: each split's shards (or .bin file) and tokens, the vocabulary."""
+    parts = []
+    for split in ("train", "val"):
+        shards = list_shards(data_dir, split)
+        if shards:
+            n = sum(len(open_shard(path)) for path in shards)
+            parts.append(f"{split} {len(shards)} shard{'s' * (len(shards) != 1)}, {n:,} tokens")
+        elif os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+            itemsize = np.dtype(DTYPES.get((meta or {}).get("dtype"), np.uint16)).itemsize
+            parts.append(f"{split}.bin {os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // itemsize:,} tokens")
+    vocab = f", vocab_size {meta['vocab_size']:,} ({meta['tokenizer']})" if meta else ", GPT-2 BPE (no meta.json)"
+    return f"data: {'; '.join(parts) or 'no token files'} in {data_dir}{vocab}"
+
+
 def prepare_choices():
     """The datasets that have a prepare script: data/*/prepare.py beside train.py."""
     return sorted(d for d in os.listdir(os.path.join(REPO, "data"))

@@ -63,3 +63,27 @@ def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
     assert [row["tokens"] for row in log] == [128 * (n + 1) for n in range(6)]
     assert [row["lr"] for row in log] == pytest.approx([get_lr(n, 1e-2, 1e-3, 1, 6, "wsd", 0.5, 6) for n in range(6)])
     assert [row["lr"] for row in log][1:3] == [1e-2, 1e-2] and log[-1]["lr"] == pytest.approx(1e-3)
+
+
+def test_the_start_names_the_data_and_the_end_the_totals(data_dir, tmp_path):
+    out = tmp_path / "out"
+    r = train(data_dir, out, max_iters=4, checkpoint_interval=2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"data: train.bin 4,000 tokens; val.bin 600 tokens in {data_dir}, vocab_size 16 (char)" in r.stdout
+    assert re.search(r"^done: 4 steps, 256 tokens, [\d.]+s of training$", r.stdout, re.M), r.stdout[-800:]
+    end = read_log(out)[-1]
+    assert end["kind"] == "end" and end["step"] == 4 and end["tokens"] == 256 and end["stopped"] is False
+    # resumed for more: the end row goes (it came after the checkpoint); the new end counts this launch too
+    r = train(data_dir, out, max_iters=6, checkpoint_interval=2, init_from="resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"^done: 6 steps, 384 tokens, [\d.]+s of training \(this launch: 2 steps, 128 tokens in "
+                     r"[\d.]+s\)$", r.stdout, re.M), r.stdout[-800:]
+    assert [row["step"] for row in read_log(out) if row["kind"] == "end"] == [6]
+
+
+def test_the_start_counts_shards(tmp_path):
+    from gpt.data import describe_dataset, write_shard
+    for name, n in (("x_val_000000.bin", 100), ("x_train_000001.bin", 300), ("x_train_000002.bin", 200)):
+        write_shard(tmp_path / name, list(range(n)))
+    assert describe_dataset(str(tmp_path), None) == (f"data: train 2 shards, 500 tokens; val 1 shard, 100 tokens "
+                                                     f"in {tmp_path}, GPT-2 BPE (no meta.json)")
