@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import configurator
 from gpt import checkpoint, distributed, errors, hardware, schedule, stepgraph
-from gpt.data import describe_dataset, find_dataset
+from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
@@ -148,10 +148,8 @@ torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on C
 ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
-data_dir, meta, prepare_hint = find_dataset(dataset, data_dir)
+data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_process)  # says what it found
 meta_vocab_size = meta['vocab_size'] if meta else None
-if master_process:
-    print(describe_dataset(data_dir, meta))  # the shards or files, their tokens, the vocabulary
 
 # model init
 resumed = None  # the checkpoint a resumed run starts from
@@ -318,6 +316,7 @@ while True:
     if eval_only or due.last:
         break
 
+    step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
     if step_graph is not None:
@@ -378,6 +377,8 @@ while True:
         log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
                   loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                   mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
+    if local_iter_num == 0 and master_process:  # a config far too big for this device: say so at once
+        hardware.warn_if_slow(time.time() - step_start, max_iters - iter_num - 1, device_type)
     iter_num += 1
     local_iter_num += 1
 

@@ -209,15 +209,19 @@ def dataset_dir(dataset):
     return os.path.join(REPO, "data", dataset)
 
 
-def find_dataset(dataset, data_dir=""):
+def find_dataset(dataset, data_dir="", verbose=False):
     """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
-    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing."""
+    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
+    verbose: print what it holds (describe_dataset)."""
     data_dir = data_dir or dataset_dir(dataset)
     hint = prepare_hint(dataset)
     if not os.path.isdir(data_dir):
         raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{hint}`, "
                         f"or point --data_dir at a folder of train.bin/val.bin or token shards)")
-    return data_dir, read_meta(data_dir), hint
+    meta = read_meta(data_dir)
+    if verbose:
+        print(describe_dataset(data_dir, meta))
+    return data_dir, meta, hint
 
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
