@@ -43,16 +43,6 @@ def test_step_line_reads_like_build_nanogpt():
     assert "mfu" not in step_line(0, 1.0, 1e-3, 1.0, 0.01, 64, -1.0, None, 64, 1.0)  # not measured yet
 
 
-def test_a_run_shows_lr_and_norm_on_every_step_line(data_dir, tmp_path):
-    r = train(data_dir, tmp_path / "out")
-    assert r.returncode == 0, r.stderr[-2000:]
-    log = [row for row in read_log(tmp_path / "out") if row["kind"] == "train"]
-    lines = re.findall(r"^iter (\d+): loss ([\d.]+), lr ([\d.e+-]+), norm ([\d.]+), time .*ms, tok/s", r.stdout, re.M)
-    assert [int(n) for n, *_ in lines] == [row["step"] for row in log] == list(range(6))
-    for (_, _loss, lr, norm), row in zip(lines, log):
-        assert float(lr) == pytest.approx(row["lr"], rel=1e-3) and float(norm) == pytest.approx(row["grad_norm"], 1e-3)
-
-
 def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
     from gpt.schedule import get_lr
     r = train(data_dir, tmp_path / "out", total_batch_size=128, lr_schedule="wsd", lr_decay_frac=0.5,
@@ -65,10 +55,16 @@ def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
     assert [row["lr"] for row in log][1:3] == [1e-2, 1e-2] and log[-1]["lr"] == pytest.approx(1e-3)
 
 
-def test_the_start_names_the_data_and_the_end_the_totals(data_dir, tmp_path):
+def test_step_lines_the_data_at_the_start_and_the_totals_at_the_end(data_dir, tmp_path):
     out = tmp_path / "out"
     r = train(data_dir, out, max_iters=4, checkpoint_interval=2)
     assert r.returncode == 0, r.stderr[-2000:]
+    # every step line shows the lr and grad norm the log has
+    log = [row for row in read_log(out) if row["kind"] == "train"]
+    lines = re.findall(r"^iter (\d+): loss [\d.]+, lr ([\d.e+-]+), norm ([\d.]+), time .*ms, tok/s", r.stdout, re.M)
+    assert [int(n) for n, *_ in lines] == [row["step"] for row in log] == list(range(4))
+    for (_, lr, norm), row in zip(lines, log):
+        assert float(lr) == pytest.approx(row["lr"], rel=1e-3) and float(norm) == pytest.approx(row["grad_norm"], 1e-3)
     assert f"data: train.bin 4,000 tokens; val.bin 600 tokens in {data_dir}, vocab_size 16 (char)" in r.stdout
     assert re.search(r"^done: 4 steps, 256 tokens, [\d.]+s of training$", r.stdout, re.M), r.stdout[-800:]
     end = read_log(out)[-1]
