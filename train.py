@@ -126,14 +126,9 @@ torchrun, rank, local_rank, world_size, device = distributed.init_process(device
 device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
+# micro-steps per process: gradient_accumulation_steps shared by the processes, or from total_batch_size
 gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
                                                          block_size, world_size, master_process)
-# world_size number of processes will be training simultaneously, so we can scale
-# down the desired gradient accumulation iterations per process proportionally
-if gradient_accumulation_steps % world_size:
-    raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                           f"the {world_size} processes: use a multiple of {world_size}")
-gradient_accumulation_steps //= world_size
 dtype = hardware.resolve_dtype(dtype, device_type)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 if master_process:

@@ -56,11 +56,15 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
 
 def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size,
                        verbose=True):
-    """gradient_accumulation_steps for all processes together (train.py divides it by world_size):
-    total_batch_size / (batch_size * block_size * world_size) * world_size when total_batch_size (tokens per
-    optimizer step, build-nanogpt's setting) is set, else gradient_accumulation_steps as it is."""
+    """Micro-steps per optimizer step for each of the world_size processes. With total_batch_size (tokens per
+    optimizer step, build-nanogpt's setting): total_batch_size / (batch_size * block_size * world_size), which
+    must divide. Else nanoGPT's gradient_accumulation_steps, a total over all processes: world_size of them
+    train at once, so each does its share."""
     if total_batch_size == 0:
-        return gradient_accumulation_steps
+        if gradient_accumulation_steps % world_size:
+            raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                            f"the {world_size} processes: use a multiple of {world_size}")
+        return gradient_accumulation_steps // world_size
     per_micro_step = batch_size * block_size * world_size
     if total_batch_size < 0 or total_batch_size % per_micro_step:
         lower = max(total_batch_size, 0) // per_micro_step * per_micro_step
@@ -73,7 +77,7 @@ def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size
     if verbose:
         print(f"total_batch_size={total_batch_size:,} -> gradient_accumulation_steps={steps * world_size:,}"
               + (f" ({steps} per process)" if world_size > 1 else ""))
-    return steps * world_size
+    return steps
 
 
 def iterations(config, tokens_per_iter, defaults, verbose=True):

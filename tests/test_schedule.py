@@ -153,7 +153,10 @@ def test_total_batch_size_gives_the_accumulation_steps(capsys):
     steps = lambda total, world=1: schedule.accumulation_steps(total, 40, 12, 1024, world)
     assert steps(0) == 40  # off: gradient_accumulation_steps as set
     assert steps(524288 - 524288 % (12 * 1024)) == 42 and "-> gradient_accumulation_steps=42" in capsys.readouterr().out
-    assert schedule.accumulation_steps(524288, 1, 16, 1024, 8) == 32  # build-nanogpt's: 4 per GPU on 8 GPUs
+    assert schedule.accumulation_steps(524288, 1, 16, 1024, 8) == 4  # build-nanogpt's: 4 per GPU on 8 GPUs
+    assert schedule.accumulation_steps(0, 40, 12, 1024, 8) == 5  # nanoGPT's 5 * 8 on 8 GPUs
+    with pytest.raises(UserError, match="gradient_accumulation_steps=40 is not divisible by the 3 processes"):
+        schedule.accumulation_steps(0, 40, 12, 1024, 3)
     with pytest.raises(UserError, match=r"^total_batch_size=524,288 is not a multiple of batch_size\*block_size\*"
                                         r"world_size = 12\*1024\*1 = 12,288: use 516096 or 528384 "):
         steps(524288)
