@@ -277,7 +277,7 @@ if wandb_log and master_process:
     state['wandb_run_id'] = log.wandb.id
 if dashboard and master_process:
     from gpt.dashboard import start_dashboard
-    start_dashboard(out_dir, dashboard_port)
+    start_dashboard(out_dir, dashboard_port, training=True)
 
 # training loop
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit

@@ -184,6 +184,10 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
             assert failed == []  # the favicon too
             browser.close()
         assert get(dashboard.url(servers[0]) + "favicon.ico") == b""
+        assert json.loads(get(dashboard.url(servers[1]) + "log"))["idle_s"] > 3500
+        # the training process's own server is live while it answers, however quiet its log
+        servers.append(dashboard.start_dashboard(tmp_path / "quiet", 0, training=True))
+        assert json.loads(get(dashboard.url(servers[2]) + "log"))["idle_s"] is None
     finally:
         for server in servers:
             server.shutdown()
