@@ -10,6 +10,8 @@ The on-disk dataset format, shared by the prepare scripts (which write it) and t
     data/<dataset>/*_val_000000.bin,    or token shards in llm.c's format (meta.json then says "format": "shards"):
                    *_train_000001.bin   a header of 256 little-endian int32 - magic 20240520, version (1: uint16
                    ...                  tokens, 2: uint32), token count - then the tokens
+    data/<dataset>/*_val_000000.npy,    or build-nanogpt's shards (edufineweb_{train,val}_NNNNNN.npy): np.save of
+                   *_train_000001.npy   a 1-D uint16 array (no meta.json needed: GPT-2 BPE)
 
 nanoGPT's meta.pkl is still read, but only through an unpickler that accepts plain data and nothing that
 could run code.
@@ -129,8 +131,23 @@ def write_shard(path, tokens, dtype="uint16"):
         f.write(np.ascontiguousarray(tokens, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).data)
 
 
+def open_npy_shard(path):
+    """A read-only memmap over a build-nanogpt shard (its fineweb.py's np.save of a uint16 array)."""
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path} is not a readable .npy token shard ({e}); re-run the dataset's prepare script")
+    if tokens.ndim != 1 or tokens.dtype.kind != "u" or tokens.dtype.itemsize not in (2, 4):
+        raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}, not a 1-D uint16/uint32 "
+                        f"array of token ids (build-nanogpt's fineweb.py format)")
+    return tokens
+
+
 def open_shard(path):
-    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole."""
+    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole
+    (llm.c's .bin), or over a build-nanogpt .npy shard."""
+    if str(path).endswith(".npy"):
+        return open_npy_shard(path)
     header_bytes = SHARD_HEADER_INTS * 4
     size = os.path.getsize(path)
     if size < header_bytes:
@@ -153,8 +170,38 @@ def open_shard(path):
 
 
 def list_shards(data_dir, split):
-    """The split's shard files in data_dir (`*_{split}_*.bin`), in name order - their order in the data."""
-    return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+    """The split's shard files in data_dir, in name order - their order in the data: llm.c-style
+    `*_{split}_*.bin` and build-nanogpt's `*_{split}_*.npy` (e.g. edufineweb_train_000001.npy)."""
+    pattern = os.path.join(glob.escape(data_dir), f"*_{split}_*")
+    return sorted(glob.glob(pattern + ".bin") + glob.glob(pattern + ".npy"))
+
+
+def describe_dataset(data_dir, meta):
+    """One line on what a dataset folder holds: each split's shards (or .bin file) and tokens, the vocabulary."""
+    parts = []
+    for split in ("train", "val"):
+        shards = list_shards(data_dir, split)
+        if shards:
+            n = sum(len(open_shard(path)) for path in shards)
+            parts.append(f"{split} {len(shards)} shard{'s' * (len(shards) != 1)}, {n:,} tokens")
+        elif os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+            itemsize = np.dtype(DTYPES.get((meta or {}).get("dtype"), np.uint16)).itemsize
+            parts.append(f"{split}.bin {os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // itemsize:,} tokens")
+    vocab = f", vocab_size {meta['vocab_size']:,} ({meta['tokenizer']})" if meta else ", GPT-2 BPE (no meta.json)"
+    return f"data: {'; '.join(parts) or 'no token files'} in {data_dir}{vocab}"
+
+
+def prepare_choices():
+    """The datasets that have a prepare script: data/*/prepare.py beside train.py."""
+    return sorted(d for d in os.listdir(os.path.join(REPO, "data"))
+                  if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
+
+
+def prepare_hint(dataset):
+    """The command that prepares `dataset`, or the choices when it has no prepare script."""
+    if os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
+        return f"python data/{dataset}/prepare.py"
+    return f"python data/<{'|'.join(prepare_choices())}>/prepare.py"
 
 
 def dataset_dir(dataset):
@@ -162,15 +209,19 @@ def dataset_dir(dataset):
     return os.path.join(REPO, "data", dataset)
 
 
-def find_dataset(dataset, data_dir=""):
+def find_dataset(dataset, data_dir="", verbose=False):
     """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
-    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing."""
+    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
+    verbose: print what it holds (describe_dataset)."""
     data_dir = data_dir or dataset_dir(dataset)
-    prepare_hint = f"python data/{dataset}/prepare.py"
+    hint = prepare_hint(dataset)
     if not os.path.isdir(data_dir):
-        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "
-                        f"or set --data_dir)")
-    return data_dir, read_meta(data_dir), prepare_hint
+        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{hint}`, "
+                        f"or point --data_dir at a folder of train.bin/val.bin or token shards)")
+    meta = read_meta(data_dir)
+    if verbose:
+        print(describe_dataset(data_dir, meta))
+    return data_dir, meta, hint
 
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -4,6 +4,9 @@ DDP ranks, and a few sampled continuations of a prompt.
 """
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
+
+EVAL_BAR_DELAY = 3.0  # seconds an evaluation runs before its progress bar appears
 
 
 def all_ranks_mean(value, device):
@@ -22,15 +25,21 @@ def estimate_loss(model, loader, eval_iters, ctx, device):
     not the luck of the draw."""
     out = {}
     model.eval()
-    for split in ('train', 'val'):
-        batches = loader(split)
-        losses = torch.zeros(eval_iters, device=device)
-        for k in range(eval_iters):
-            X, Y = batches.next_batch()
-            with ctx:
-                _, loss = model(X, Y)
-            losses[k] = loss
-        out[split] = all_ranks_mean(losses.mean().item(), device)
+    # a bar once the evaluation has taken EVAL_BAR_DELAY seconds (a CPU, a large eval_iters), on rank 0, and
+    # only when stderr is a terminal (disable=None); it goes away when done (leave=False)
+    quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+    with tqdm(total=2 * eval_iters, desc="evaluating", unit="batch", delay=EVAL_BAR_DELAY, leave=False,
+              disable=True if quiet else None, dynamic_ncols=True) as bar:
+        for split in ('train', 'val'):
+            batches = loader(split)
+            losses = torch.zeros(eval_iters, device=device)
+            for k in range(eval_iters):
+                X, Y = batches.next_batch()
+                with ctx:
+                    _, loss = model(X, Y)
+                losses[k] = loss
+                bar.update()
+            out[split] = all_ranks_mean(losses.mean().item(), device)
     model.train()
     return out
 

@@ -9,6 +9,7 @@ Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters,
 import base64
 import functools
 import os
+import sys
 
 import tiktoken
 
@@ -158,9 +159,10 @@ def char_meta(text):
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
-def train_bpe(texts, vocab_size):
+def train_bpe(texts, vocab_size, progress=None):
     """A byte-level BPE (GPT-2's scheme: every text round-trips) trained by `tokenizers` on an iterable of
-    texts, with <|endoftext|> as its one special token."""
+    texts, with <|endoftext|> as its one special token. `tokenizers` shows its progress bars when `progress`
+    is true (None: when stderr is a terminal, so not in logs or CI)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
     if vocab_size <= 257:
@@ -168,7 +170,9 @@ def train_bpe(texts, vocab_size):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+    if progress is None:
+        progress = sys.stderr.isatty()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=progress,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     return tok
