@@ -1,7 +1,7 @@
 """
 A live web page over a run's log (out_dir/log.jsonl): train and val loss against steps and tokens, the
-learning rate, tokens/s and MFU, HellaSwag when the run has it, and the latest samples. It updates itself
-while the run goes on, without reloading.
+learning rate, the gradient norm, tokens/s and MFU, HellaSwag when the run has it, and the latest samples.
+It updates itself while the run goes on, without reloading.
 
 $ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/
 $ python train.py ... --dashboard=True                # the same page, served by the training process

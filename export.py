@@ -24,7 +24,7 @@ from gpt import errors
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint
 from gpt.data import dataset_dir, read_meta
 from gpt.errors import UserError
-from gpt.hf import hf_tokenizer, model_card, to_hf, verify
+from gpt.hf import hf_tokenizer, model_card, save_tokenizer, to_hf, verify
 from gpt.tokenizer import get_tokenizer
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -68,22 +68,29 @@ def main(argv):
 
     stages.update()
     stages.set_description("converting")
-    hf_config, state_dict = to_hf(model)
-    # GPT-2's <|endoftext|> begins and ends documents; a character vocabulary has no such token
-    hf_config.bos_token_id = hf_config.eos_token_id = tokenizer.eot
+    hf_config, state_dict = to_hf(model)  # what transformers cannot express is refused here, before writing
+    hf_tok = hf_tokenizer(tokenizer, model.config.block_size, model.config.vocab_size)
+    # GPT-2's <|endoftext|> begins and ends documents, and pads batches; a character vocabulary gets one
+    # where the model has a spare id (gpt/hf.py's hf_tokenizer)
+    hf_config.bos_token_id = hf_tok.bos_token_id
+    hf_config.eos_token_id = hf_config.pad_token_id = hf_tok.eos_token_id
     hf_model = transformers.AutoModelForCausalLM.from_config(hf_config)
     missing, unexpected = hf_model.load_state_dict(state_dict, strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]  # old causal-mask buffers
     assert not missing and not unexpected, f"export bug: missing {missing[:5]}, unexpected {unexpected[:5]}"
     hf_model.to(DTYPES[s['dtype']])
+    generation = hf_model.generation_config
+    generation.bos_token_id, generation.eos_token_id = hf_config.bos_token_id, hf_config.eos_token_id
+    generation.pad_token_id = hf_config.pad_token_id
+    generation.max_length = model.config.block_size  # the context it was trained on (docs/export.md)
     if tokenizer.vocab_size < hf_config.vocab_size:
         # the padding ids were never data: transformers' generate must not pick them (sample.py never does)
-        hf_model.generation_config.suppress_tokens = list(range(tokenizer.vocab_size, hf_config.vocab_size))
+        generation.suppress_tokens = list(range(tokenizer.vocab_size, hf_config.vocab_size))
     stages.update()
     stages.set_description("writing")
     tqdm.write(f"writing {type(hf_model).__name__} ({s['dtype']}) to {export_dir}")
     hf_model.save_pretrained(export_dir)
-    hf_tokenizer(tokenizer, model.config.block_size).save_pretrained(export_dir)
+    save_tokenizer(hf_tok, export_dir)
     with open(os.path.join(export_dir, 'README.md'), 'w') as f:
         f.write(model_card(ckpt, hf_config, s['dtype']))
     stages.update()

@@ -53,9 +53,10 @@ def main(argv):
     if s['limit']:
         examples = examples[:s['limit']]
 
+    # a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
+    folder = None if s['init_from'] == 'resume' else folder_meta(s['init_from'])
     model, meta = load_model(s['init_from'], s['out_dir'])
-    if meta is None and s['init_from'] != 'resume':
-        meta = folder_meta(s['init_from'])  # a transformers folder's own tokenizer.json, where it has one
+    meta = meta or folder
     tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
     model.to(device)
     model = hardware.maybe_compile(model, s['compile'], device_type)

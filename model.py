@@ -120,7 +120,9 @@ def make_norm(config):
 def rotary(positions, head_size, theta):
     """cos and sin (T, head_size) of the rotary embedding's angles at these positions, in float32, laid out
     as transformers' Llama does: the frequencies twice over, for rotate_half's two halves."""
-    inv_freq = theta ** -(torch.arange(0, head_size, 2, device=positions.device, dtype=torch.float32) / head_size)
+    # 1 / theta^(2i / d) computed as transformers does (not theta^-(2i / d), which rounds differently)
+    dims = torch.arange(0, head_size, 2, device=positions.device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (dims / head_size))
     angles = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
@@ -435,14 +437,21 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
-                 vocab_limit=None, progress=None):
+                 vocab_limit=None, progress=None, top_p=None, eot=None):
         """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
-        vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is padded; progress
-        (if given) is called after each new token. With the KV cache (generation.py) the prompt runs once and
-        each new token costs one position, a CUDA graph replay on CUDA; use_cache=False recomputes the whole
-        sequence for every token, the reference the cache must match. Once a sequence outgrows block_size
+        top_p < 1 samples from the smallest set of likeliest tokens whose probabilities reach top_p (nucleus
+        sampling, after top_k); vocab_limit keeps ids below the tokenizer's size when the model's vocabulary
+        is padded; progress (if given) is called after each new token. With eot (an end-of-text id) each
+        sequence stops at its first new eot: its later positions hold eot, and generation ends early once
+        every sequence has stopped (checked every 8 tokens, a wait for the GPU each time). With the KV cache
+        (generation.py) the prompt runs once and each new token costs one position, a CUDA graph replay on
+        CUDA; use_cache=False recomputes the whole sequence for every token, the reference the cache must
+        match. Once a sequence outgrows block_size
         it is cropped to the last block_size tokens and recomputed, with or without the cache."""
         block_size, decoder = self.config.block_size, None
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        done = None if eot is None else torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
         if use_cache and idx.size(1) < block_size:
             # a multiple of 64 (rows aligned for the attention kernels, fewer shapes to capture), yet no
             # bigger than this generation needs: a model from transformers may have a huge block_size
@@ -466,13 +475,21 @@ class GPT(nn.Module):
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)), sorted=False)
                     # masked_fill, not logits[mask] = ...: boolean indexing may wait for the GPU
                     logits = logits.masked_fill(logits < v.min(dim=-1, keepdim=True).values, -float("Inf"))
+                if top_p is not None and top_p < 1:
+                    logits = generation.top_p_filter(logits, top_p)
                 probs = F.softmax(logits.float(), dim=-1)
                 # torch.multinomial's own draw for one sample (argmax of probs / Exponential(1) noise), the
                 # same tokens from the same generator, without its input checks: on CUDA three reductions
                 # and an assert, ~25 us of a ~1 ms token at batch 1
                 noise = torch.empty_like(probs).exponential_(1, generator=generator)
                 idx_next = (probs / noise).argmax(dim=-1, keepdim=True)
+            if done is not None:
+                idx_next = idx_next.masked_fill(done, eot)  # a stopped sequence stays stopped
+                done = done | (idx_next == eot)
             idx = torch.cat((idx, idx_next), dim=1)
             if progress is not None:
                 progress()
+            if done is not None and i % 8 == 7 and bool(done.all()):
+                # all stopped: the rest would be eot, which the caller cuts off anyway
+                return torch.cat((idx, idx.new_full((idx.size(0), max_new_tokens - 1 - i), eot)), dim=1)
         return idx

@@ -1,6 +1,6 @@
 """
 The training curves of a run as a PNG, from its log (out_dir/log.jsonl): loss against steps and against
-tokens, the learning rate, tokens/s (and MFU on a GPU), HellaSwag when the run has it.
+tokens, the learning rate, the gradient norm, tokens/s (and MFU on a GPU), HellaSwag when the run has it.
 
 $ python plot.py --out_dir=out                         # writes out/curves.png
 $ python plot.py --out_dir=out --output=report/run.png
@@ -41,6 +41,10 @@ def figure(rows, title):
         ax.plot(*series(rows, "train", "step", "lr"))
         ax.set(title="learning rate", xlabel="step")
 
+    def grad_norm(ax):
+        ax.plot(*series(rows, "train", "step", "grad_norm"), lw=0.8)
+        ax.set(title="gradient norm (before clipping)", xlabel="step")
+
     def throughput(ax):
         ax.plot(*series(rows, "train", "step", "tokens_per_s"), lw=0.8)
         ax.set(title="tokens/s", xlabel="step")
@@ -56,7 +60,7 @@ def figure(rows, title):
         ax.set(title="HellaSwag", xlabel="step", ylabel="accuracy")
         ax.legend()
 
-    panels += [lr, throughput]
+    panels += [lr, grad_norm, throughput]
     if series(rows, "eval", "step", "hellaswag")[0]:
         panels.append(hellaswag)
     nrows = (len(panels) + 1) // 2

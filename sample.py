@@ -22,6 +22,8 @@ num_samples = 10  # number of samples to draw
 max_new_tokens = 500  # number of tokens generated in each sample
 temperature = 0.8  # 1.0 = no change, < 1.0 = less random, > 1.0 = more random; 0 = greedy
 top_k = 200  # retain only the top_k most likely tokens, clamp others to have 0 probability; 0 = all
+top_p = 1.0  # nucleus sampling: only the likeliest tokens whose probabilities sum to top_p (e.g. 0.9); 1.0 = all
+stop_at_eot = False  # end each sample at the tokenizer's end-of-text token (<|endoftext|>), where it has one
 seed = 1337
 device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
@@ -31,6 +33,8 @@ errors.install()
 configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
 # -----------------------------------------------------------------------------
 
+if not 0 < top_p <= 1:
+    raise errors.UserError(f"top_p must be above 0 and at most 1 (1.0 = off), got {top_p}")
 torch.manual_seed(seed)
 # no TF32: bf16/fp16 generation does not use it, and dtype=float32 asks for float32 (whose greedy decoding
 # gives exactly the uncached path's tokens; docs/benchmarks.md)
@@ -39,11 +43,15 @@ device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
 
 # model, and the tokenizer of the data it was trained on
+# a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
+folder = None if init_from == 'resume' else folder_meta(init_from)
 model, meta = load_model(init_from, out_dir)
-if meta is None and init_from != 'resume':
-    meta = folder_meta(init_from)  # a transformers folder's own tokenizer.json, where it has one
+meta = meta or folder
 tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
 print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
+eot = tokenizer.eot if stop_at_eot else None
+if stop_at_eot and eot is None:
+    print("stop_at_eot: this tokenizer has no end-of-text token, so each sample runs to max_new_tokens")
 
 model.eval()
 model.to(device)
@@ -76,7 +84,12 @@ with torch.no_grad():
     with ctx:
         for k in range(num_samples):
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                               top_p=top_p if top_p < 1 else None, eot=eot,
                                vocab_limit=tokenizer.vocab_size, progress=bar.update)
-            tqdm.write(tokenizer.decode(y[0].tolist()))  # print, but clear of the bar
+            ids = y[0].tolist()
+            if eot is not None and eot in ids[len(start_ids):]:
+                ids = ids[:ids.index(eot, len(start_ids))]  # up to the end of the text, not the eot itself
+            bar.update((k + 1) * max_new_tokens - bar.n)  # a sample that stopped early counts as done
+            tqdm.write(tokenizer.decode(ids))  # print, but clear of the bar
             tqdm.write('---------------')
 bar.close()

@@ -27,7 +27,7 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import get_tokenizer
-from gpt.trainlog import TrainLog, start_wandb
+from gpt.trainlog import TrainLog, start_wandb, step_line
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -47,7 +47,8 @@ hellaswag_interval = 0
 sample_interval = 0
 num_samples_train = 4
 sample_prompt = "Hello, I'm a language model,"
-sample_max_tokens = 32
+sample_max_tokens = 32  # each sample also ends at the tokenizer's end-of-text token, where it has one
+sample_top_p = 1.0  # nucleus sampling for the samples (e.g. 0.9); 1.0 = off (top_k 50 either way)
 init_from = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log = False
@@ -60,6 +61,7 @@ dashboard_port = 8000  # 0: any free port
 dataset = 'openwebtext'
 data_dir = ''  # '' means data/<dataset> beside this script
 gradient_accumulation_steps = 5 * 8  # used to simulate larger batch sizes (divided by the number of processes)
+total_batch_size = 0  # or tokens per optimizer step: gradient_accumulation_steps from batch_size, block_size, GPUs
 batch_size = 12  # micro-batch size
 block_size = 1024
 # model
@@ -73,8 +75,8 @@ n_kv_head = 0  # key/value heads: fewer than n_head is grouped-query attention (
 mlp_hidden = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
 rope_theta = 10000.0  # llama: base of the rotary embeddings' frequencies
 tie_embeddings = True  # share the token embedding with the output projection (GPT-2 does, LLaMA does not)
-qk_norm, mlp_act, logit_softcap = False, 'gelu', 0.0  # speedrun switches: QK-norm, 'relu2' MLP, tanh logit cap
-zero_init_proj = False  # start the residual projections (c_proj) at zero (docs/speedrun.md)
+# speedrun switches (docs/speedrun.md): QK-norm, a 'relu2' MLP, a tanh logit cap, zero-initialised c_proj
+qk_norm, mlp_act, logit_softcap, zero_init_proj = False, 'gelu', 0.0, False
 # adamw optimizer
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
@@ -85,12 +87,14 @@ beta2 = 0.95
 grad_clip = 1.0  # clip gradients at this value, or disable if == 0.0
 max_nonfinite_steps = 10  # stop after this many updates in a row skipped for a NaN/inf loss or gradient
 # learning rate decay settings
-decay_lr = True  # whether to decay the learning rate
+decay_lr = True  # False: learning_rate at every step, without warm-up (as nanoGPT)
 warmup_iters = 2000  # how many steps to warm up for
 lr_decay_iters = 600000  # should be ~= max_iters per Chinchilla
 warmup_tokens = 0  # or warm up over this many tokens (0: warmup_iters)
 lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or with max_tokens the budget's end)
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
+lr_schedule = 'cosine'  # after the warm-up: 'cosine' (to min_lr), 'constant', or 'wsd' (stable, then linear decay)
+lr_decay_frac = 0.2  # wsd: decay to min_lr over this last fraction of max_iters
 # muon_lr > 0: Muon (gpt/muon.py) for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
 muon_lr, muon_momentum, muon_weight_decay = 0.0, 0.95, 0.0
 # distributed settings
@@ -117,6 +121,8 @@ if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os
                            f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
 if eval_iters <= 0 or eval_interval <= 0:
     raise errors.UserError(f"eval_iters and eval_interval must be positive (got {eval_iters}, {eval_interval})")
+if not 0 < sample_top_p <= 1:
+    raise errors.UserError(f"sample_top_p must be in (0, 1], not {sample_top_p} (1: no nucleus cut)")
 if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 or max_iters < 0:
     raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                            "positive, max_iters not negative")
@@ -127,12 +133,9 @@ torchrun, rank, local_rank, world_size, device = distributed.init_process(device
 device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
-# world_size number of processes will be training simultaneously, so we can scale
-# down the desired gradient accumulation iterations per process proportionally
-if gradient_accumulation_steps % world_size:
-    raise errors.UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                           f"the {world_size} processes: use a multiple of {world_size}")
-gradient_accumulation_steps //= world_size
+# micro-steps per process: gradient_accumulation_steps shared by the processes, or from total_batch_size
+gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
+                                                         block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 if master_process:
@@ -147,10 +150,8 @@ torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on C
 ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
-data_dir, meta, prepare_hint = find_dataset(dataset, data_dir)
+data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_process)  # says what it found
 meta_vocab_size = meta['vocab_size'] if meta else None
-if meta_vocab_size:
-    print(f"found vocab_size = {meta_vocab_size} (inside {data_dir})")
 
 # model init
 resumed = None  # the checkpoint a resumed run starts from
@@ -271,7 +272,7 @@ def print_samples():
     """Samples of sample_prompt. The master alone samples, except under fsdp, where every rank must take
     part in each forward pass (they draw the same tokens)."""
     texts = draw_samples(raw_model, tokenizer, tokenizer.encode(sample_prompt), num_samples_train,
-                         sample_max_tokens, ctx, device, seed + iter_num)
+                         sample_max_tokens, ctx, device, seed + iter_num, top_p=sample_top_p)
     for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
     log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
@@ -285,7 +286,7 @@ if wandb_log and master_process:
     state['wandb_run_id'] = log.wandb.id
 if dashboard and master_process:
     from gpt.dashboard import start_dashboard
-    start_dashboard(out_dir, dashboard_port)
+    start_dashboard(out_dir, dashboard_port, training=True)
 
 # training loop
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
@@ -298,7 +299,8 @@ nonfinite_in_a_row = 0
 while True:
 
     # determine and set the learning rate for this iteration
-    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters) if decay_lr else learning_rate
+    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters,
+                         lr_schedule if decay_lr else 'none', lr_decay_frac, max_iters)  # decay_lr=False: constant
     for param_group in optimizer.param_groups if step_graph is None else []:  # the graph's is a tensor it sets
         param_group['lr'] = lr
 
@@ -318,6 +320,7 @@ while True:
     if eval_only or due.last:
         break
 
+    step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
     if step_graph is not None:
@@ -372,19 +375,21 @@ while True:
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
-        mfu_text = (f", mfu {running_mfu * 100:.2f}%" if running_mfu >= 0 else "") + (f", mem {mem:.1f}GiB" if mem else "")
         percent = 100 * (iter_num + 1) / max(max_iters, 1)  # of the run, once this step is done
-        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, tok/s {tokens_per_iter / dt:,.0f}"
-              f"{mfu_text}, {(iter_num + 1) * tokens_per_iter:,} tokens ({percent:.1f}%)")
+        print(step_line(iter_num, lossf, lr, grad_norm, dt, tokens_per_iter, running_mfu, mem,
+                        (iter_num + 1) * tokens_per_iter, percent))
         log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
                   loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                   mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
+    if local_iter_num == 0 and master_process:  # a config far too big for this device: say so at once
+        hardware.warn_if_slow(time.time() - step_start, max_iters - iter_num - 1, device_type)
     iter_num += 1
     local_iter_num += 1
 
     # preemption: the step is done; checkpoint it and leave
     if stop.requested(device):
         save()
+        log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
         if master_process:
             print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
                   f"(and --out_dir={out_dir})")
@@ -392,5 +397,6 @@ while True:
             dist.destroy_process_group()
         sys.exit(stop.exit_code)
 
+log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
 if torchrun:
     dist.destroy_process_group()

@@ -1,19 +1,22 @@
 """
 A live web page over a run's log (out_dir/log.jsonl): train and val loss against steps and tokens, the
-learning rate, tokens/s and MFU, HellaSwag when the run has it, and the latest samples. It updates itself
-while the run goes on, without reloading.
+learning rate, the gradient norm, tokens/s and MFU, HellaSwag when the run has it, and the latest samples.
+It updates itself while the run goes on, without reloading.
 
 $ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/
 $ python train.py ... --dashboard=True                # the same page, served by the training process
 
 The page is served from 127.0.0.1 only (on a remote machine: ssh -L 8000:127.0.0.1:8000 host), and needs no
 network: its chart library, uPlot, is in gpt/dashboard_static/. The page asks for /log?offset=N and gets the
-log's complete rows from byte N on, and the offset to ask from next time.
+log's complete rows from byte N on, and the offset to ask from next time. The page says "live" until the log's
+"end" row (the run finished or was stopped), or, served by dashboard.py rather than the run itself, until
+the log has been quiet for minutes (a crashed or killed run).
 """
 import http.server
 import json
 import os
 import threading
+import time
 import urllib.parse
 
 from gpt.errors import UserError
@@ -56,6 +59,15 @@ def read_rows(path, offset):
     return {"offset": offset + len(complete), "rows": rows, "more": more, "reset": reset}
 
 
+def idle_seconds(path):
+    """Seconds since the log last changed (None when there is none): the page says a run without an "end" row
+    that has been quiet for long is no longer live."""
+    try:
+        return max(0.0, time.time() - os.path.getmtime(path))
+    except OSError:
+        return None
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
@@ -65,8 +77,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 offset = max(0, int(urllib.parse.parse_qs(url.query).get("offset", ["0"])[0]))
             except ValueError:
                 return self.send_error(400, "offset must be an integer")
-            body = json.dumps({**read_rows(self.server.log_path, offset), "run": self.server.run_name}).encode()
+            body = json.dumps({**read_rows(self.server.log_path, offset), "run": self.server.run_name,
+                               "idle_s": None if self.server.training else idle_seconds(self.server.log_path)})
+            body = body.encode()
             return self.reply(body, "application/json")
+        if url.path == "/favicon.ico":  # the page links none (data:), but some browsers ask anyway
+            self.send_response(204)
+            return self.end_headers()
         if url.path not in FILES:
             return self.send_error(404)
         name, content_type = FILES[url.path]
@@ -94,6 +111,7 @@ def make_server(out_dir, port=8000, host="127.0.0.1"):
     server.daemon_threads = True
     server.log_path = os.path.join(out_dir, LOG_NAME)
     server.run_name = os.path.basename(os.path.abspath(out_dir))
+    server.training = False  # served by the training process itself: live while it answers, however quiet
     return server
 
 
@@ -102,9 +120,11 @@ def url(server):
     return f"http://{host}:{port}/"
 
 
-def start_dashboard(out_dir, port=8000, host="127.0.0.1"):
-    """Serve the page for out_dir from a background thread (it ends with the process); returns the server."""
+def start_dashboard(out_dir, port=8000, host="127.0.0.1", training=False):
+    """Serve the page for out_dir from a background thread (it ends with the process); returns the server.
+    training: this process is the run (its log may be quiet for long, during a long evaluation, and still live)."""
     server = make_server(out_dir, port, host)
+    server.training = training
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
     print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
           flush=True)

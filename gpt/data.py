@@ -10,6 +10,8 @@ The on-disk dataset format, shared by the prepare scripts (which write it) and t
     data/<dataset>/*_val_000000.bin,    or token shards in llm.c's format (meta.json then says "format": "shards"):
                    *_train_000001.bin   a header of 256 little-endian int32 - magic 20240520, version (1: uint16
                    ...                  tokens, 2: uint32), token count - then the tokens
+    data/<dataset>/*_val_000000.npy,    or build-nanogpt's shards (edufineweb_{train,val}_NNNNNN.npy): np.save of
+                   *_train_000001.npy   a 1-D uint16 array (no meta.json needed: GPT-2 BPE)
 
 nanoGPT's meta.pkl is still read, but only through an unpickler that accepts plain data and nothing that
 could run code.
@@ -129,8 +131,23 @@ def write_shard(path, tokens, dtype="uint16"):
         f.write(np.ascontiguousarray(tokens, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).data)
 
 
+def open_npy_shard(path):
+    """A read-only memmap over a build-nanogpt shard (its fineweb.py's np.save of a uint16 array)."""
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path} is not a readable .npy token shard ({e}); re-run the dataset's prepare script")
+    if tokens.ndim != 1 or tokens.dtype.kind != "u" or tokens.dtype.itemsize not in (2, 4):
+        raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}, not a 1-D uint16/uint32 "
+                        f"array of token ids (build-nanogpt's fineweb.py format)")
+    return tokens
+
+
 def open_shard(path):
-    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole."""
+    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole
+    (llm.c's .bin), or over a build-nanogpt .npy shard."""
+    if str(path).endswith(".npy"):
+        return open_npy_shard(path)
     header_bytes = SHARD_HEADER_INTS * 4
     size = os.path.getsize(path)
     if size < header_bytes:
@@ -153,8 +170,38 @@ def open_shard(path):
 
 
 def list_shards(data_dir, split):
-    """The split's shard files in data_dir (`*_{split}_*.bin`), in name order - their order in the data."""
-    return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+    """The split's shard files in data_dir, in name order - their order in the data: llm.c-style
+    `*_{split}_*.bin` and build-nanogpt's `*_{split}_*.npy` (e.g. edufineweb_train_000001.npy)."""
+    pattern = os.path.join(glob.escape(data_dir), f"*_{split}_*")
+    return sorted(glob.glob(pattern + ".bin") + glob.glob(pattern + ".npy"))
+
+
+def describe_dataset(data_dir, meta):
+    """One line on what a dataset folder holds: each split's shards (or .bin file) and tokens, the vocabulary."""
+    parts = []
+    for split in ("train", "val"):
+        shards = list_shards(data_dir, split)
+        if shards:
+            n = sum(len(open_shard(path)) for path in shards)
+            parts.append(f"{split} {len(shards)} shard{'s' * (len(shards) != 1)}, {n:,} tokens")
+        elif os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+            itemsize = np.dtype(DTYPES.get((meta or {}).get("dtype"), np.uint16)).itemsize
+            parts.append(f"{split}.bin {os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // itemsize:,} tokens")
+    vocab = f", vocab_size {meta['vocab_size']:,} ({meta['tokenizer']})" if meta else ", GPT-2 BPE (no meta.json)"
+    return f"data: {'; '.join(parts) or 'no token files'} in {data_dir}{vocab}"
+
+
+def prepare_choices():
+    """The datasets that have a prepare script: data/*/prepare.py beside train.py."""
+    return sorted(d for d in os.listdir(os.path.join(REPO, "data"))
+                  if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
+
+
+def prepare_hint(dataset):
+    """The command that prepares `dataset`, or the choices when it has no prepare script."""
+    if os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
+        return f"python data/{dataset}/prepare.py"
+    return f"python data/<{'|'.join(prepare_choices())}>/prepare.py"
 
 
 def dataset_dir(dataset):
@@ -162,15 +209,19 @@ def dataset_dir(dataset):
     return os.path.join(REPO, "data", dataset)
 
 
-def find_dataset(dataset, data_dir=""):
+def find_dataset(dataset, data_dir="", verbose=False):
     """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
-    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing."""
+    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
+    verbose: print what it holds (describe_dataset)."""
     data_dir = data_dir or dataset_dir(dataset)
-    prepare_hint = f"python data/{dataset}/prepare.py"
+    hint = prepare_hint(dataset)
     if not os.path.isdir(data_dir):
-        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{prepare_hint}`, "
-                        f"or set --data_dir)")
-    return data_dir, read_meta(data_dir), prepare_hint
+        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{hint}`, "
+                        f"or point --data_dir at a folder of train.bin/val.bin or token shards)")
+    meta = read_meta(data_dir)
+    if verbose:
+        print(describe_dataset(data_dir, meta))
+    return data_dir, meta, hint
 
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -201,51 +252,89 @@ def tiny_shakespeare(input_path, out_dir):
         raise UserError(f"{path} is not UTF-8 text ({e})")
 
 
-# how each kind of local file is read by `datasets`
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+# how each kind of local file is read by `datasets` (compressed ones too: .jsonl.gz, .csv.xz, ...)
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+# what a save_to_disk DatasetDict may call its validation split, in order of preference
+VAL_SPLITS = ("validation", "val", "test")
 
 
-def load_local_documents(path, num_proc=1):
-    """The documents of local files for a prepare script's --local, as a datasets.Dataset (in file order):
-    rows of jsonl/json/parquet files, a whole .txt file as one document, a folder of one kind of those files,
-    or a datasets.save_to_disk folder (its 'train' split, or its only one)."""
+def _kind(path):
+    base = path[:-len(ext)] if (ext := next((c for c in COMPRESSIONS if path.endswith(c)), "")) else path
+    return LOCAL_BUILDERS.get(os.path.splitext(base)[1])
+
+
+def load_local_splits(path, num_proc=1, streaming=False):
+    """The documents of local files for a prepare script's --local: (train, val), datasets.Datasets in file
+    order (IterableDatasets with streaming). Rows of jsonl/json/csv/parquet files (also compressed), a whole
+    .txt file as one document, a folder of one kind of those files, or a datasets.save_to_disk folder: its
+    'train' split (or its only one) and val, its 'validation'/'val'/'test' split, where it has one (else
+    None: the script cuts val from train)."""
     import datasets  # heavy, and only the prepare scripts need it
 
     if not os.path.exists(path):
         raise UserError(f"--local path {path} does not exist")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
         ds = datasets.load_from_disk(path)
+        val = None
         if isinstance(ds, datasets.DatasetDict):
-            if "train" not in ds and len(ds) != 1:
+            val_name = next((name for name in VAL_SPLITS if name in ds), None)
+            others = [name for name in ds if name != val_name]
+            if "train" not in ds and len(others) != 1:
                 raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
-            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-        return ds
+            val = ds[val_name] if val_name else None
+            if val is not None:
+                print(f"using {path}'s '{val_name}' split ({len(val):,} documents) as val, "
+                      f"rather than cutting val from train")
+            ds = ds["train"] if "train" in ds else ds[others[0]]
+        if streaming:  # already on disk: streaming saves nothing, but the caller reads it the same way
+            ds, val = ds.to_iterable_dataset(), val and val.to_iterable_dataset()
+        return ds, val
     files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if os.path.splitext(f)[1] in LOCAL_BUILDERS)
-    kinds = {LOCAL_BUILDERS.get(os.path.splitext(f)[1]) for f in files}
+        os.path.join(path, f) for f in os.listdir(path) if _kind(f))
+    kinds = {_kind(f) for f in files}
     if not files or None in kinds or len(kinds) > 1:
-        raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files "
-                        f"or a save_to_disk folder")
+        raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files (or those "
+                        f"compressed: {'/'.join(COMPRESSIONS)}) or a save_to_disk folder")
     kind = kinds.pop()
     extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
-    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)), **extra)
+    if streaming:
+        return datasets.load_dataset(kind, data_files=files, split="train", streaming=True, **extra), None
+    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)),
+                                 **extra), None
 
 
-def load_documents(local, dataset, text_column, num_proc=1, subset=None):
-    """A prepare script's documents as a datasets.Dataset: its --local files (load_local_documents), else the
-    'train' split of the hub dataset (and subset); checked to have the text column. Mistakes are one line."""
+def load_local_documents(path, num_proc=1):
+    """load_local_splits' train split alone."""
+    return load_local_splits(path, num_proc)[0]
+
+
+def load_documents(local, dataset, text_column, num_proc=1, subset=None, streaming=False, with_val=False):
+    """A prepare script's documents as a datasets.Dataset (an IterableDataset with streaming, read as it
+    downloads, where the source allows): its --local files (load_local_splits), else the 'train' split of
+    the hub dataset (and subset); checked to have the text column. with_val: (train, val), val being a
+    local DatasetDict's validation split or None. Mistakes are one line."""
     import datasets  # heavy, and only the prepare scripts need it
 
+    val = None
     if local is not None:
-        ds = load_local_documents(local, num_proc)
+        ds, val = load_local_splits(local, num_proc, streaming)
     else:
         try:
-            ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
+            if streaming:
+                ds = datasets.load_dataset(dataset, name=subset, split="train", streaming=True)
+            else:
+                ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
         except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
             of = "" if subset is None else f" (subset {subset!r})"
             raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "
                             f"({' '.join(str(e).split())}); pass --local with local files instead")
-    if text_column not in ds.column_names:
-        raise UserError(f"the dataset has no column {text_column!r} (columns: {ds.column_names}); "
+    columns = ds.column_names
+    if columns is None:  # a stream that does not know its columns before its first row
+        columns = list(next(iter(ds)).keys())
+    if text_column not in columns:
+        raise UserError(f"the dataset has no column {text_column!r} (columns: {columns}); "
                         f"pick one with --text_column")
-    return ds
+    if val is not None and text_column not in (val.column_names or [text_column]):
+        raise UserError(f"the dataset's val split has no column {text_column!r} (columns: {val.column_names})")
+    return (ds, val) if with_val else ds

@@ -4,6 +4,9 @@ DDP ranks, and a few sampled continuations of a prompt.
 """
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
+
+EVAL_BAR_DELAY = 3.0  # seconds an evaluation runs before its progress bar appears
 
 
 def all_ranks_mean(value, device):
@@ -22,26 +25,39 @@ def estimate_loss(model, loader, eval_iters, ctx, device):
     not the luck of the draw."""
     out = {}
     model.eval()
-    for split in ('train', 'val'):
-        batches = loader(split)
-        losses = torch.zeros(eval_iters, device=device)
-        for k in range(eval_iters):
-            X, Y = batches.next_batch()
-            with ctx:
-                _, loss = model(X, Y)
-            losses[k] = loss
-        out[split] = all_ranks_mean(losses.mean().item(), device)
+    # a bar once the evaluation has taken EVAL_BAR_DELAY seconds (a CPU, a large eval_iters), on rank 0, and
+    # only when stderr is a terminal (disable=None); it goes away when done (leave=False)
+    quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+    with tqdm(total=2 * eval_iters, desc="evaluating", unit="batch", delay=EVAL_BAR_DELAY, leave=False,
+              disable=True if quiet else None, dynamic_ncols=True) as bar:
+        for split in ('train', 'val'):
+            batches = loader(split)
+            losses = torch.zeros(eval_iters, device=device)
+            for k in range(eval_iters):
+                X, Y = batches.next_batch()
+                with ctx:
+                    _, loss = model(X, Y)
+                losses[k] = loss
+                bar.update()
+            out[split] = all_ranks_mean(losses.mean().item(), device)
     model.train()
     return out
 
 
-def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed):
-    """num_samples continuations of prompt_ids (top_k 50), from a generator of their own, so sampling never
-    changes the training's random stream; the decoded texts."""
+def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed, top_p=None,
+                 stop_at_eot=True):
+    """num_samples continuations of prompt_ids (top_k 50, and nucleus sampling with top_p < 1), from a
+    generator of their own, so sampling never changes the training's random stream; the decoded texts, each
+    up to its first new end-of-text token where the tokenizer has one (and stop_at_eot)."""
     generator = torch.Generator(device=device).manual_seed(seed)
+    eot = tokenizer.eot if stop_at_eot else None
     model.eval()
     with torch.no_grad(), ctx:
         out = model.generate(torch.tensor([prompt_ids] * num_samples, device=device), max_tokens,
-                             top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size)
+                             top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size,
+                             top_p=top_p if top_p is not None and top_p < 1 else None, eot=eot)
     model.train()
-    return [tokenizer.decode(row) for row in out.tolist()]
+    rows = out.tolist()
+    if eot is not None:
+        rows = [row[:row.index(eot, len(prompt_ids))] if eot in row[len(prompt_ids):] else row for row in rows]
+    return [tokenizer.decode(row) for row in rows]

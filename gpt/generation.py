@@ -128,3 +128,13 @@ def decoder(model, batch_size, capacity, device):
         model._decoder = Decoder(model.config.n_layer, batch_size, capacity, device, graphed=True, key=key,
                                  compiled=compile_step)
     return model._decoder
+
+
+def top_p_filter(logits, top_p):
+    """logits (B, V) with -inf for every token outside the nucleus: the smallest set of the likeliest
+    tokens whose probabilities sum to top_p or more (the likeliest token always stays)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    # a token is out when the likelier ones before it already reach top_p
+    out = (probs.cumsum(dim=-1) - probs) >= top_p
+    return logits.masked_fill(out.scatter(-1, order, out), -float("inf"))

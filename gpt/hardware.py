@@ -113,3 +113,26 @@ def maybe_compile(model, compile, device_type, **options):
         return model
     print("compiling the model... (takes a ~minute)")
     return torch.compile(model, **options)
+
+
+SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CPU or MPS gets a warning
+
+
+def warn_if_slow(seconds_per_step, steps_left, device_type):
+    warning = pace_warning(seconds_per_step, steps_left, device_type)
+    if warning:
+        print(warning, flush=True)
+
+
+def pace_warning(seconds_per_step, steps_left, device_type):
+    """After a run's first step: one warning line when the rest would take more than a day on a CPU or Apple
+    GPU (GPT-2 124M's defaults on a laptop: years), else None. GPUs are left alone: long runs are their job."""
+    total = seconds_per_step * steps_left
+    if device_type == 'cuda' or total <= SLOW_RUN_SECONDS:
+        return None
+    days = total / 86400
+    span = (f"{days / 365:.1f} years" if days >= 365 else f"{days:.0f} days" if days >= 2
+            else f"{total / 3600:.0f} hours")
+    return (f"warning: the first step took {seconds_per_step:.1f}s on {device_type}: the {steps_left:,} steps left "
+            f"would take ~{span}. For a try on this machine use a smaller model and batch (config/quickstart.py "
+            f"picks one for CPUs) or fewer max_iters; Ctrl-C stops the run")

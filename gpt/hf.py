@@ -13,6 +13,7 @@ The bridge to Hugging Face transformers, both directions, for both families:
 Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without
 this module importing model.py back. Export also writes the tokenizer and a model card (export.py).
 """
+import json
 import os
 import types
 
@@ -26,21 +27,105 @@ from gpt.tokenizer import GPT2_EOT, gpt2_encoding
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
+# --- the field table: every GPTConfig field, and the transformers config field that carries it
+
+# GPTConfig field: (GPT2Config field, LlamaConfig field). Export writes each, import reads each back; None
+# where that family's transformers config has no such field (then the row's comment says what happens).
+# tests/test_hf.py fails for a GPTConfig field that is in neither this table nor NOT_ARCHITECTURE.
+FIELDS = {
+    "family": ("model_type", "model_type"),  # 'gpt2' -> GPT2LMHeadModel, 'llama' -> LlamaForCausalLM
+    "block_size": ("n_positions", "max_position_embeddings"),
+    "vocab_size": ("vocab_size", "vocab_size"),
+    "n_layer": ("n_layer", "num_hidden_layers"),
+    "n_head": ("n_head", "num_attention_heads"),
+    "n_embd": ("n_embd", "hidden_size"),
+    "n_kv_head": (None, "num_key_value_heads"),  # gpt2: must be n_head (no grouped-query attention)
+    "mlp_hidden": ("n_inner", "intermediate_size"),
+    "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
+    "tie_embeddings": ("tie_word_embeddings", "tie_word_embeddings"),
+    "bias": (None, "attention_bias"),  # gpt2: always has biases (zeros export bias=False, and import as it);
+    #                                    llama: mlp_bias too, equal to attention_bias
+    "rope_theta": (None, "rope_theta"),  # llama: also rope_parameters['rope_theta'] (transformers 5)
+}
+# how the model is trained, not what it computes: never exported
+NOT_ARCHITECTURE = ("dropout", "fused_loss", "loss_chunk")
+# transformers fields that change the math but that our model computes one way only: export writes the
+# first value, import accepts the values listed and refuses any other with one error naming field and value
+FIXED = {
+    "gpt2": {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both GELU's tanh form, as ours
+             "scale_attn_weights": (True,),  # scores / sqrt(head size)
+             "scale_attn_by_inverse_layer_idx": (False,),  # and not also / (layer + 1)
+             "add_cross_attention": (False,)},  # a decoder alone
+    "llama": {"hidden_act": ("silu",),
+              "rope_type": ("default",),  # no rope scaling: linear, dynamic, yarn, llama3, ... are refused
+              "partial_rotary_factor": (1.0, None),  # every dimension rotates
+              "head_dim": ("hidden_size / num_attention_heads",),  # checked in _check_llama
+              "mlp_bias": ("= attention_bias",)},  # checked in _check_llama
+}
+# transformers fields that do not change the logits: dropout, initialisation, caching, token ids, the
+# GPT2DoubleHeadsModel's summary head; GPT-2's reorder_and_upcast_attn (only the precision of eager attention
+# under autocast) and Llama's pretraining_tp (transformers < 4.4x split its matmuls in slices: same sums)
+IGNORED = {
+    "gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "use_cache", "bos_token_id",
+             "eos_token_id", "pad_token_id", "summary_type", "summary_use_proj", "summary_activation",
+             "summary_proj_to_labels", "summary_first_dropout", "summary_last_dropout", "reorder_and_upcast_attn",
+             "n_ctx", "task_specific_params"),  # the hub's gpt2 configs carry these two; nothing reads them
+    "llama": ("attention_dropout", "initializer_range", "use_cache", "bos_token_id", "eos_token_id",
+              "pad_token_id", "pretraining_tp", "rope_parameters", "rope_scaling"),  # rope: _llama_rope
+}
+
+
+def _refuse(field, value, why):
+    raise UserError(f"transformers config field {field}={value!r}: {why}")
+
+
+def _check_unknown(config, family):
+    """Refuse a field that no table above knows, where it differs from its default: a new transformers
+    option (or a folder's own) could change the math, and a silent default is the worst bug."""
+    from transformers import GPT2Config, LlamaConfig, PretrainedConfig
+    known = set(FIELDS) | {theirs for pair in FIELDS.values() for theirs in pair if theirs} | set(FIXED[family]) \
+        | set(IGNORED[family]) | set(PretrainedConfig().to_dict()) | {"torch_dtype", "dtype", "tie_word_embeddings"}
+    default = (GPT2Config if family == "gpt2" else LlamaConfig)().to_dict()
+    for key, value in config.to_dict().items():
+        if key not in known and not key.startswith("_") and value not in (None, {}, []) and value != default.get(key):
+            _refuse(key, value, f"not a {family} setting this project knows, so the logits it gives cannot be "
+                                f"promised (fields read: docs/export.md)")
+
+
+def _check_fixed(config, family):
+    for field, allowed in FIXED[family].items():
+        if field in ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias"):
+            continue  # Llama's, checked by _llama_rope and _check_llama
+        value = getattr(config, field, allowed[0])
+        if value not in allowed:
+            _refuse(field, value, f"this model computes only {' or '.join(map(repr, allowed))}")
+
+
 # --- export: our model -> a transformers config and state dict
+
+def _common_kwargs(cfg, family):
+    """The transformers config's fields that map one to one (FIELDS), from a GPTConfig."""
+    i = 0 if family == "gpt2" else 1
+    plain = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "norm_eps", "tie_embeddings")
+    kwargs = {FIELDS[k][i]: getattr(cfg, k) for k in plain}
+    kwargs.update({field: allowed[0] for field, allowed in FIXED[family].items() if field in
+                   ("activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+                    "add_cross_attention", "hidden_act")})
+    return kwargs
+
 
 def gpt2_to_hf(model):
     """(GPT2Config, state dict for GPT2LMHeadModel) of a GPT-2-family model: the same tensors, Linear
     weights transposed to Conv1D's layout, and zero biases where ours have none (bias=False)."""
     from transformers import GPT2Config
     cfg = model.config
-    C, hidden = cfg.n_embd, getattr(cfg, 'mlp_hidden', 0) or 4 * cfg.n_embd
-    if getattr(cfg, 'n_kv_head', cfg.n_head) != cfg.n_head:
-        raise UserError(f"transformers' GPT-2 has no grouped-query attention (n_kv_head={cfg.n_kv_head}, "
-                        f"n_head={cfg.n_head}): this model cannot be exported as GPT2LMHeadModel")
-    config = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=C, n_layer=cfg.n_layer,
-                        n_head=cfg.n_head, n_inner=hidden, activation_function="gelu_new",
-                        layer_norm_epsilon=getattr(cfg, 'norm_eps', 1e-5), resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, tie_word_embeddings=getattr(cfg, 'tie_embeddings', True),
+    if cfg.family != "gpt2":
+        raise UserError(f"gpt2_to_hf needs a gpt2-family model, not family '{cfg.family}'")
+    if cfg.n_kv_head != cfg.n_head:
+        raise UserError(f"n_kv_head={cfg.n_kv_head}: transformers' GPT-2 has no grouped-query attention "
+                        f"(n_head={cfg.n_head}), so this model cannot be exported as GPT2LMHeadModel")
+    C, hidden = cfg.n_embd, cfg.mlp_hidden
+    config = GPT2Config(**_common_kwargs(cfg, "gpt2"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=None, eos_token_id=None)  # the tokenizer's, set by the caller
     state_dict = {k: v.t() if k.endswith(CONV1D) else v for k, v in model.state_dict().items()}
     if not cfg.bias:  # transformers' GPT-2 always has biases: zeros compute the same thing
@@ -78,17 +163,17 @@ def _key_map(cfg):
 
 def llama_to_hf(model):
     """(transformers.LlamaConfig, state dict for LlamaForCausalLM) of a llama-family GPT. The tensors are
-    views of the model's own (no copies); with tied embeddings lm_head.weight is embed_tokens.weight."""
+    views of the model's own (no copies); with tied embeddings lm_head.weight is embed_tokens.weight.
+    rope_theta is written where transformers 4 reads it (rope_theta) and where 5 does (rope_parameters)."""
     from transformers import LlamaConfig
     cfg = model.config
     if cfg.family != "llama":
         raise UserError(f"llama_to_hf needs a llama-family model, not family '{cfg.family}'")
-    config = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd, intermediate_size=cfg.mlp_hidden,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-        head_dim=cfg.n_embd // cfg.n_head, max_position_embeddings=cfg.block_size, rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta, attention_bias=cfg.bias, mlp_bias=cfg.bias, hidden_act="silu",
-        tie_word_embeddings=cfg.tie_embeddings)
+    config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head,
+                         head_dim=cfg.n_embd // cfg.n_head, rope_theta=cfg.rope_theta, attention_bias=cfg.bias,
+                         mlp_bias=cfg.bias)
+    config.rope_theta = cfg.rope_theta  # transformers 5 keeps it in rope_parameters only; 4.x reads this one
+    config.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}  # and 4.x keeps only that
     ours = model.state_dict()
     state_dict = {}
     for key, parts in _key_map(cfg):
@@ -103,7 +188,8 @@ UNEXPORTABLE = {'qk_norm': False, 'mlp_act': 'gelu', 'logit_softcap': 0.0}
 
 
 def to_hf(model):
-    """(transformers config, state dict) for the model's family."""
+    """(transformers config, state dict) for the model's family; a UserError for what transformers cannot
+    express, before anything is written."""
     for name, default in UNEXPORTABLE.items():
         value = getattr(model.config, name, default)
         if value != default:
@@ -118,60 +204,91 @@ def to_hf(model):
 
 # --- import: transformers weights -> model_args and a state dict
 
-def _rope_theta(c):
-    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta);
-    scaled variants (Llama 3.1's 'llama3', 'linear', 'yarn', ...) are refused rather than run wrongly."""
-    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise UserError(f"this Llama uses rope_type '{kind}'; only plain rotary embeddings are supported")
-    return float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+def _llama_rope(c):
+    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta, with
+    rope_scaling beside it); scaled variants (Llama 3.1's 'llama3', 'linear', 'yarn', ...) and partial
+    rotation are refused rather than run wrongly."""
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(c, name, None) or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            _refuse(f"{name}['rope_type']", kind, "only plain rotary embeddings are supported (no rope scaling)")
+        factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
+        if factor not in (None, 1, 1.0):
+            _refuse("partial_rotary_factor", factor, "this model rotates every dimension of a head")
+    rope = getattr(c, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(c, "rope_theta", None) or 10000.0))
+
+
+def _check_llama(c):
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        _refuse("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
+                                      f"{c.hidden_size} / {c.num_attention_heads} wide")
+    if bool(getattr(c, "mlp_bias", False)) != bool(c.attention_bias):
+        _refuse("mlp_bias", getattr(c, "mlp_bias", False), f"this model has biases everywhere or nowhere, and "
+                                                           f"attention_bias is {c.attention_bias}")
+
+
+def args_from_hf_config(c, dropout=0.0):
+    """model_args (for GPTConfig) of a transformers GPT2Config or LlamaConfig, every field that changes the
+    math carried (FIELDS) or refused with one UserError naming it. GPT-2's bias is left to the weights."""
+    family = c.model_type
+    if family not in ("gpt2", "llama"):
+        raise UserError(f"a transformers '{family}' model: only gpt2 and llama load")
+    _check_unknown(c, family)
+    _check_fixed(c, family)
+    i = 0 if family == "gpt2" else 1
+    args = {ours: getattr(c, pair[i]) for ours, pair in FIELDS.items()
+            if pair[i] and ours not in ("bias", "rope_theta")}  # both special: below
+    args.update(family=family, dropout=dropout, tie_embeddings=bool(args["tie_embeddings"]))
+    if family == "gpt2":
+        args["mlp_hidden"] = args["mlp_hidden"] or 4 * c.n_embd  # n_inner None: 4 x, as ours
+    else:
+        _check_llama(c)
+        args.update(n_kv_head=c.num_key_value_heads or c.num_attention_heads, bias=bool(c.attention_bias),
+                    rope_theta=_llama_rope(c))
+    return args
 
 
 def gpt2_from_hf(hf_model, dropout=0.0):
-    """(model_args, state dict) of a GPT-2-family GPT holding a transformers GPT2LMHeadModel's weights."""
-    hf = hf_model.config
-    args = dict(block_size=hf.n_positions, vocab_size=hf.vocab_size, n_layer=hf.n_layer, n_head=hf.n_head,
-                n_embd=hf.n_embd, bias=True, dropout=dropout)
+    """(model_args, state dict) of a GPT-2-family GPT holding a transformers GPT2LMHeadModel's weights.
+    Biases that are all exactly zero (an export of a bias=False model) come back as bias=False."""
+    args = args_from_hf_config(hf_model.config, dropout)
     state_dict = {k: v.t() if k.endswith(CONV1D) else v for k, v in hf_model.state_dict().items()
                   if not k.endswith((".attn.masked_bias", ".attn.bias"))}  # causal-mask buffers, not weights
-    state_dict.setdefault("lm_head.weight", state_dict["transformer.wte.weight"])  # tied: one tensor
+    if args["tie_embeddings"]:  # one tensor
+        state_dict["lm_head.weight"] = state_dict["transformer.wte.weight"]
+    biases = [k for k in state_dict if k.endswith(".bias")]
+    args["bias"] = not all(torch.count_nonzero(state_dict[k]) == 0 for k in biases)
+    if not args["bias"]:
+        for k in biases:
+            del state_dict[k]
     return args, state_dict
 
 
 def llama_from_hf(hf_model, dropout=0.0):
     """(model_args, state dict) of a llama-family GPT holding a transformers LlamaForCausalLM's weights."""
-    c = hf_model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    mlp_bias = getattr(c, "mlp_bias", False)
-    if c.hidden_act != "silu" or head_dim * c.num_attention_heads != c.hidden_size or c.attention_bias != mlp_bias:
-        raise UserError(f"unsupported Llama variant (hidden_act {c.hidden_act}, head_dim {head_dim} x "
-                        f"{c.num_attention_heads} heads vs hidden_size {c.hidden_size}, attention_bias "
-                        f"{c.attention_bias}, mlp_bias {mlp_bias})")
-    args = dict(family="llama", block_size=c.max_position_embeddings, vocab_size=c.vocab_size,
-                n_layer=c.num_hidden_layers, n_head=c.num_attention_heads, n_embd=c.hidden_size,
-                n_kv_head=c.num_key_value_heads or c.num_attention_heads, mlp_hidden=c.intermediate_size,
-                rope_theta=_rope_theta(c), norm_eps=c.rms_norm_eps, bias=c.attention_bias,
-                tie_embeddings=bool(c.tie_word_embeddings), dropout=dropout)
+    args = args_from_hf_config(hf_model.config, dropout)
     theirs = hf_model.state_dict()
     if args["tie_embeddings"]:
-        theirs.setdefault("lm_head.weight", theirs["model.embed_tokens.weight"])
+        theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
     state_dict = {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
     return args, state_dict
 
 
 def load_pretrained(model_type, dropout=0.0):
     """(model_args, state dict) from GPT-2 weights through transformers - a hub name (gpt2, gpt2-medium,
-    gpt2-large, gpt2-xl) or a local folder written by save_pretrained - or from a Llama folder."""
+    gpt2-large, gpt2-xl) or a local folder written by save_pretrained - or from a Llama folder. A folder's
+    config is checked before its weights are read."""
     if os.path.isdir(model_type):
         from transformers import AutoConfig
-        kind = AutoConfig.from_pretrained(model_type).model_type
-        if kind == "llama":
+        config = AutoConfig.from_pretrained(model_type)
+        args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
+        if config.model_type == "llama":
             from transformers import LlamaForCausalLM
             print(f"loading Llama weights from {model_type}")
             return llama_from_hf(LlamaForCausalLM.from_pretrained(model_type), dropout)
-        if kind != "gpt2":
-            raise UserError(f"{model_type} holds a transformers '{kind}' model; only gpt2 and llama load")
     from transformers import GPT2LMHeadModel
     print(f"loading GPT-2 weights from {model_type}")
     return gpt2_from_hf(GPT2LMHeadModel.from_pretrained(model_type), dropout)
@@ -208,11 +325,18 @@ def gpt2_bpe_vocab_merges():
     return vocab, merges
 
 
-def hf_tokenizer(tokenizer, block_size):
-    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does."""
+EOS = "<|endoftext|>"  # the end-of-text token a character vocabulary gets, where the model has a spare id
+
+
+def hf_tokenizer(tokenizer, block_size, vocab_size):
+    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does, with an eos and
+    a pad token (the same one, padding on the left for batched generation). GPT-2 and tokenizers-JSON
+    vocabularies have theirs (<|endoftext|>, the documents' separator). A character vocabulary has none: it
+    gets <|endoftext|> as the next id where the model's vocabulary (vocab_size) has room for it - one
+    the model never saw, so never generates - and otherwise none (an id the model lacks would crash it)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    special = {}
+    special, eos = {}, None
     if tokenizer.name == 'gpt2':
         vocab, merges = gpt2_bpe_vocab_merges()
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
@@ -222,26 +346,77 @@ def hf_tokenizer(tokenizer, block_size):
         special = dict(unk_token="<|endoftext|>")
     elif tokenizer.name == 'char':
         # one token per character: split before every character, look each up, join them back without spaces
-        tok = Tokenizer(models.WordLevel(vocab={ch: i for i, ch in enumerate(tokenizer.itos)}, unk_token=None))
+        vocab = {ch: i for i, ch in enumerate(tokenizer.itos)}
+        if vocab_size > len(vocab) and EOS not in vocab:
+            vocab[EOS] = eos = len(tokenizer.itos)
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
+        if eos is not None:
+            tok.add_special_tokens([EOS])
     else:  # 'hf': the dataset's own tokenizers JSON, as it is
         tok = tokenizer.hf
     if tokenizer.eot is not None:  # documents are separated by it: it begins and ends each one
-        special.update(bos_token=tok.id_to_token(tokenizer.eot), eos_token=tok.id_to_token(tokenizer.eot))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size,
+        eot = tok.id_to_token(tokenizer.eot)
+        special.update(bos_token=eot, eos_token=eot, pad_token=eot)
+    elif eos is not None:
+        special.update(eos_token=EOS, pad_token=EOS)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left",
                                    clean_up_tokenization_spaces=False, **special)
 
 
-def model_card(ckpt, hf_config, dtype):
+def save_tokenizer(hf_tok, folder):
+    """save_pretrained, naming the class that transformers 4 and 5 both load (5 writes 'TokenizersBackend',
+    which 4.x does not know)."""
+    hf_tok.save_pretrained(folder)
+    path = os.path.join(folder, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+
+
+def tokens_seen(ckpt):
+    """Training tokens of a train.py checkpoint (None where its config does not say)."""
     cfg = ckpt.get('config', {})
-    lines = [
-        "# Exported GPT checkpoint", "",
+    try:
+        return int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
+            int(cfg['block_size'])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def model_card(ckpt, hf_config, dtype):
+    """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
+    cfg = ckpt.get('config', {})
+    family = "llama" if hf_config.model_type == "llama" else "gpt2"
+    dataset, tokens = cfg.get('dataset'), tokens_seen(ckpt)
+    meta = {"library_name": "transformers", "pipeline_tag": "text-generation",
+            "tags": ["nanogpt", family, "text-generation"]}
+    if dataset:
+        meta["datasets"] = [str(dataset)]
+    if tokens is not None:
+        meta["training_tokens"] = tokens
+    meta["training_steps"] = int(ckpt.get('iter_num', 0))
+    yaml = ["---"]
+    for key, value in meta.items():
+        if isinstance(value, list):
+            yaml += [f"{key}:"] + [f"- {json.dumps(v)}" for v in value]
+        else:
+            yaml.append(f"{key}: {json.dumps(value)}")
+    yaml.append("---")
+    lines = yaml + [
+        "", "# Exported GPT checkpoint", "",
         f"Trained with a nanoGPT-style trainer: {type(hf_config).__name__.replace('Config', '')} architecture, "
         f"{hf_config.num_hidden_layers} layers, {hf_config.num_attention_heads} heads, width {hf_config.hidden_size}, "
         f"context {ckpt['model_args']['block_size']}, vocabulary {hf_config.vocab_size}; weights in {dtype}.",
-        f"Dataset: {cfg.get('dataset', '?')}; step {ckpt.get('iter_num', '?')}; best validation loss "
+        f"Dataset: {dataset or '?'}; step {ckpt.get('iter_num', '?')}"
+        + (f" ({tokens:,} tokens)" if tokens is not None else "") + "; best validation loss "
         f"{float(ckpt.get('best_val_loss', float('nan'))):.4f}.", "",
+        f"The context is {ckpt['model_args']['block_size']} tokens: generation_config's max_length. "
+        + ("Asking for more (max_new_tokens past it) fails: the position table has no more rows."
+           if family == "gpt2" else "Past it the rotary positions were never trained on."), "",
         "```python",
         "from transformers import AutoModelForCausalLM, pipeline",
         "model = AutoModelForCausalLM.from_pretrained('.')",

@@ -6,7 +6,8 @@ offsets. The offsets of batch n on a rank come from a random generator seeded wi
 so the sampler's whole state is the number of batches drawn: the same on every rank, a plain int in the
 checkpoint, and a resumed run draws exactly the batches an uninterrupted one would have.
 
-SequentialShards is build-nanogpt's loader over token shards (datafiles.open_shard): it walks the shards in
+SequentialShards is build-nanogpt's loader over token shards (data.open_shard: llm.c-style .bin shards or
+build-nanogpt's own .npy ones, found by data.list_shards in the same folder): it walks the shards in
 order, each step taking the next batch_size*block_size*world_size tokens, rank r the r-th slice of them, so
 over an epoch every token is read once by one rank. Its state is a position (shard, offset, epoch), also the
 same on every rank.

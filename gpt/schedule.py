@@ -1,7 +1,9 @@
 """
-When things happen in a run: the learning-rate schedule (linear warmup, then cosine decay to min_lr), the
-token budget (max_tokens, warmup_tokens and lr_decay_tokens turned into the iteration counts that the schedule and the loop
-use), and which evaluations, samples and checkpoints are due at a step.
+When things happen in a run: the learning-rate schedule (linear warm-up, then cosine decay to min_lr, a
+constant rate, or warm-up-stable-decay), the batch in tokens (total_batch_size turned into
+gradient_accumulation_steps), the token budget (max_tokens, warmup_tokens and lr_decay_tokens turned into
+the iteration counts that the schedule and the loop use), and which evaluations, samples and checkpoints
+are due at a step.
 """
 import math
 from typing import NamedTuple
@@ -12,11 +14,39 @@ from gpt.errors import UserError
 PAIRS = (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'), ('lr_decay_iters', 'lr_decay_tokens'))
 
 
-def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
-    """Cosine with warmup: linear up for warmup_iters steps (never 0 at step 0), cosine down to min_lr at
-    lr_decay_iters, min_lr after."""
+LR_SCHEDULES = ('cosine', 'constant', 'wsd')
+
+
+def check_lr_schedule(lr_schedule, lr_decay_frac):
+    if lr_schedule not in LR_SCHEDULES:
+        raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
+    if not 0 < lr_decay_frac <= 1:
+        raise UserError(f"lr_decay_frac={lr_decay_frac} must be in (0, 1]: the fraction of the run that 'wsd' "
+                        f"decays over (e.g. 0.2)")
+
+
+def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule='cosine', lr_decay_frac=0.2,
+           max_iters=None):
+    """The learning rate of step `it`. Every schedule warms up linearly for warmup_iters steps (never 0 at
+    step 0), then:
+      'cosine'    down to min_lr at lr_decay_iters, min_lr after (nanoGPT's)
+      'constant'  learning_rate (the fine-tuning recipe: warm-up, then a constant rate)
+      'wsd'       warm-up, stable at learning_rate, then linear down to min_lr over the last lr_decay_frac of
+                  the run's max_iters steps (min_lr at the last step)
+    'none' is nanoGPT's decay_lr=False: learning_rate at every step, no warm-up either."""
+    if lr_schedule == 'none':
+        return learning_rate
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
+    if lr_schedule == 'constant':
+        return learning_rate
+    if lr_schedule == 'wsd':
+        decay_iters = max(1, round(lr_decay_frac * max_iters))
+        decay_start = max(max_iters - decay_iters, warmup_iters)
+        if it < decay_start:
+            return learning_rate
+        progress = min(1.0, (it - decay_start + 1) / max(max_iters - decay_start, 1))
+        return learning_rate + progress * (min_lr - learning_rate)
     if it >= lr_decay_iters:
         return min_lr
     decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
@@ -24,11 +54,39 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
     return min_lr + coeff * (learning_rate - min_lr)
 
 
+def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size,
+                       verbose=True):
+    """Micro-steps per optimizer step for each of the world_size processes. With total_batch_size (tokens per
+    optimizer step, build-nanogpt's setting): total_batch_size / (batch_size * block_size * world_size), which
+    must divide. Else nanoGPT's gradient_accumulation_steps, a total over all processes: world_size of them
+    train at once, so each does its share."""
+    if total_batch_size == 0:
+        if gradient_accumulation_steps % world_size:
+            raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
+                            f"the {world_size} processes: use a multiple of {world_size}")
+        return gradient_accumulation_steps // world_size
+    per_micro_step = batch_size * block_size * world_size
+    if total_batch_size < 0 or total_batch_size % per_micro_step:
+        lower = max(total_batch_size, 0) // per_micro_step * per_micro_step
+        upper = lower + per_micro_step
+        choices = f"{lower} or {upper}" if lower else f"{upper}"
+        raise UserError(f"total_batch_size={total_batch_size:,} is not a multiple of batch_size*block_size*world_size"
+                        f" = {batch_size}*{block_size}*{world_size} = {per_micro_step:,}: use {choices} "
+                        f"(or 0 to set gradient_accumulation_steps instead)")
+    steps = total_batch_size // per_micro_step
+    if verbose:
+        print(f"total_batch_size={total_batch_size:,} -> gradient_accumulation_steps={steps * world_size:,}"
+              + (f" ({steps} per process)" if world_size > 1 else ""))
+    return steps
+
+
 def iterations(config, tokens_per_iter, defaults, verbose=True):
     """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes
     ceil(tokens / tokens_per_iter) iterations (so a run stops at the first step that reaches max_tokens).
     Its *_iters twin must then be left at its default (`defaults`) or 0; both given is an error. With
-    max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~= max_iters."""
+    max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~= max_iters.
+    Checks lr_schedule and lr_decay_frac too."""
+    check_lr_schedule(config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2))
     out = {}
     for iters_key, tokens_key in PAIRS:
         n, tokens = config[iters_key], config[tokens_key]
@@ -60,7 +118,7 @@ class Due(NamedTuple):
     """What a step does before it trains (see due())."""
     loss: bool  # evaluate the train/val loss
     hellaswag: bool  # evaluate HellaSwag
-    samples: bool  # draw samples
+    samples: bool  # draw samples (not at step 0 of a training run: its weights are untrained)
     checkpoint: bool  # checkpoint_interval's turn (or the end of the run)
     tokens: int  # tokens seen, when a ckpt_every_tokens checkpoint is due (else 0)
     last: bool  # the run ends after this step's evaluations
@@ -76,5 +134,6 @@ def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_i
     every = lambda interval: bool(interval and fresh and (iter_num % interval == 0 or last or eval_only))
     tokens = fresh and not eval_only and crossed(iter_num, tokens_per_iter, ckpt_every_tokens)
     return Due(loss=every(eval_interval) or tokens, hellaswag=every(hellaswag_interval),
-               samples=every(sample_interval), checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
+               samples=every(sample_interval) and (iter_num > 0 or eval_only),  # step 0's weights are untrained
+               checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
                tokens=iter_num * tokens_per_iter if tokens else 0, last=last)

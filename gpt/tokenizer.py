@@ -9,6 +9,7 @@ Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters,
 import base64
 import functools
 import os
+import sys
 
 import tiktoken
 
@@ -158,9 +159,10 @@ def char_meta(text):
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
-def train_bpe(texts, vocab_size):
+def train_bpe(texts, vocab_size, progress=None):
     """A byte-level BPE (GPT-2's scheme: every text round-trips) trained by `tokenizers` on an iterable of
-    texts, with <|endoftext|> as its one special token."""
+    texts, with <|endoftext|> as its one special token. `tokenizers` shows its progress bars when `progress`
+    is true (None: when stderr is a terminal, so not in logs or CI)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
     if vocab_size <= 257:
@@ -168,7 +170,9 @@ def train_bpe(texts, vocab_size):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+    if progress is None:
+        progress = sys.stderr.isatty()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=progress,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     return tok
@@ -210,11 +214,28 @@ def hf_meta(tokenizer_json, where="the tokenizer"):
 
 
 def folder_meta(init_from):
-    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say), or None when there
-    is none: then the model is GPT-2's, with its BPE."""
+    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say); None where there is
+    none and the model is GPT-2's (its vocabulary GPT-2 BPE's 50257, or 50304 padded): GPT-2 BPE, as in
+    nanoGPT. Any other folder without one is a UserError naming the missing file: its ids mean nothing
+    known, and GPT-2's would index past its vocabulary."""
+    if not os.path.isdir(init_from):
+        return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
-        return None
+        import json
+        try:
+            with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            config = {}
+        kind, vocab = config.get("model_type", "?"), config.get("vocab_size", "?")
+        if kind == "gpt2" and vocab in (GPT2_EOT + 1, 50304):
+            return None
+        also = (" (its tokenizer.model, a sentencepiece file, is not read: AutoTokenizer.from_pretrained(folder)"
+                ".save_pretrained(folder) writes tokenizer.json)") if os.path.isfile(
+            os.path.join(init_from, "tokenizer.model")) else ""
+        raise UserError(f"{path} is missing, so the tokenizer of this {kind} model ({vocab} tokens, not GPT-2's "
+                        f"BPE) cannot be known{also}")
     with open(path, encoding="utf-8") as f:
         tokenizer_json = f.read()
     return {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}

@@ -5,6 +5,7 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
     step, tokens, time (seconds since the run's first launch), kind,
     train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
+and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb).
 Values that do not apply are null. The checkpoint records the log's length in bytes, so a resumed run
 first drops the rows written after that checkpoint (the steps it is about to run again) and says so.
 
@@ -47,8 +48,28 @@ class TrainLog:
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.wandb is not None:
+        if self.wandb is not None and row["kind"] != "end":
             self.wandb.log(wandb_metrics(row))
+
+    def end(self, step, tokens_per_iter, start_step, seconds, launch_seconds, stopped=False):
+        """The run is over (done, or stopped to be resumed): print the total training time and tokens, and write
+        an "end" row, the dashboard's sign that the run is no longer live (a resumed run drops it again, as it
+        comes after the last checkpoint)."""
+        if not self.enabled:
+            return
+        launch = (f" (this launch: {step - start_step:,} steps, {(step - start_step) * tokens_per_iter:,} tokens in "
+                  f"{duration(launch_seconds)})" if start_step else "")
+        print(f"{'stopped' if stopped else 'done'}: {step:,} steps, {step * tokens_per_iter:,} tokens, "
+              f"{duration(seconds)} of training{launch}")
+        self.write(kind="end", step=step, tokens=step * tokens_per_iter, time=seconds, stopped=stopped)
+
+
+def duration(seconds):
+    """12.3s, 4m05s, 2h03m."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 # wandb's names for the log's values where they differ, so that per-step and evaluation numbers never share
@@ -83,6 +104,16 @@ def start_wandb(project, name, config, run_id=None):
     run.define_metric("step")
     run.define_metric("*", step_metric="step")
     return run
+
+
+def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, tokens, percent):
+    """The line a training step prints (build-nanogpt's, with more): loss, learning rate, gradient norm (the
+    run's health signal: spikes come before loss spikes), time, throughput, MFU and memory where known, and
+    how far the run is."""
+    extra = (f", mfu {mfu * 100:.2f}%" if mfu is not None and mfu >= 0 else "") + (
+        f", mem {mem_gib:.1f}GiB" if mem_gib else "")
+    return (f"iter {step}: loss {loss:.4f}, lr {lr:.3e}, norm {grad_norm:.4f}, time {dt * 1000:.2f}ms, "
+            f"tok/s {tokens_per_iter / dt:,.0f}{extra}, {tokens:,} tokens ({percent:.1f}%)")
 
 
 def read_log(out_dir):

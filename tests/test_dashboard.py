@@ -146,12 +146,51 @@ def test_page_charts_mfu_and_hellaswag_when_the_log_has_them(tmp_path):
             points = page.evaluate("Object.fromEntries([...document.querySelectorAll('.card[data-points]')]"
                                    ".map(c => [c.id, +c.dataset.points]))")
             # 21 train rows (MFU from 16 of them), 5 evaluations
-            assert points == {"loss-step": 21 + 2 * 5, "loss-tokens": 21 + 2 * 5, "lr": 21, "tokens-per-s": 21,
-                              "mfu": 16, "hellaswag": 2 * 5}
+            assert points == {"loss-step": 21 + 2 * 5, "loss-tokens": 21 + 2 * 5, "lr": 21, "grad-norm": 21,
+                              "tokens-per-s": 21, "mfu": 16, "hellaswag": 2 * 5}
             assert page.evaluate("dashboard.plots.mfu.data[1].filter(v => v != null)[0]") == pytest.approx(31)
             browser.close()
     finally:
         server.shutdown()
+
+
+def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
+    sync_playwright = browser_or_skip()
+    from test_plot import write_log
+    write_log(tmp_path)
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "end", "step": 201, "tokens": 201 * 512, "time": 20.1, "stopped": False}) + "\n")
+    (tmp_path / "quiet").mkdir()
+    write_log(tmp_path / "quiet")  # no end row, and quiet for an hour: crashed or killed
+    os.utime(tmp_path / "quiet" / "log.jsonl", (0, os.path.getmtime(tmp_path / "quiet" / "log.jsonl") - 3600))
+    servers = [dashboard.start_dashboard(tmp_path, 0), dashboard.start_dashboard(tmp_path / "quiet", 0)]
+    try:
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 420, "height": 900})
+            failed = []
+            page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+            page.goto(dashboard.url(servers[0]))
+            page.wait_for_function("document.body.dataset.status === 'ended'", timeout=30000)
+            assert page.inner_text("#status") == "finished: 201 steps, 103k tokens"
+            # every chart inside the 420 px window, nothing to scroll sideways
+            assert page.evaluate("document.documentElement.scrollWidth") <= 420
+            rights = page.evaluate("[...document.querySelectorAll('.card canvas, .card .u-legend')]"
+                                   ".map(e => e.getBoundingClientRect().right)")
+            assert len(rights) >= 10 and max(rights) <= 420, rights
+            page.goto(dashboard.url(servers[1]))
+            page.wait_for_function("document.body.dataset.status === 'stale'", timeout=30000)
+            assert page.inner_text("#status").startswith("no new log rows for 60 min")
+            assert failed == []  # the favicon too
+            browser.close()
+        assert get(dashboard.url(servers[0]) + "favicon.ico") == b""
+        assert json.loads(get(dashboard.url(servers[1]) + "log"))["idle_s"] > 3500
+        # the training process's own server is live while it answers, however quiet its log
+        servers.append(dashboard.start_dashboard(tmp_path / "quiet", 0, training=True))
+        assert json.loads(get(dashboard.url(servers[2]) + "log"))["idle_s"] is None
+    finally:
+        for server in servers:
+            server.shutdown()
 
 
 def test_live_page_in_headless_chromium(char_data, tmp_path):
@@ -180,11 +219,13 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
                 .map(([id, u]) => [id, {x: u.data[0].length, points: +document.getElementById(id).dataset.points,
                                         canvas: !!document.querySelector('#' + id + ' canvas')}])),
                 dashboard.rows.train.length, dashboard.rows.eval.length]""")
-            assert set(charts) == {"loss-step", "loss-tokens", "lr", "tokens-per-s"}, charts  # no MFU on a CPU
+            # no MFU on a CPU
+            assert set(charts) == {"loss-step", "loss-tokens", "lr", "grad-norm", "tokens-per-s"}, charts
             assert all(c["canvas"] and c["points"] > 0 for c in charts.values()), charts
             # loss vs step: a loss per train row, and a train and a val loss per evaluation
             assert charts["loss-step"]["points"] == train_rows + 2 * eval_rows
             assert charts["lr"]["points"] == charts["lr"]["x"] == train_rows
+            assert charts["grad-norm"]["points"] == train_rows  # every step's norm is finite here
             samples = page.inner_text("#samples")
             assert "ROMEO:" in samples
             page.wait_for_function(f"+document.body.dataset.trainRows > {train_rows}", timeout=60000)  # still live
@@ -199,3 +240,4 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
         proc.wait(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, "".join(lines)[-3000:]
     assert os.path.exists(out_dir / "ckpt.pt")
+    assert read_log(out_dir)[-1]["kind"] == "end" and read_log(out_dir)[-1]["stopped"]  # the page stops saying live

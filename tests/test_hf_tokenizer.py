@@ -148,7 +148,8 @@ def test_a_transformers_folder_brings_its_tokenizer(bpe_data, tmp_path):
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, max_position_embeddings=64)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
-    assert folder_meta(str(tmp_path)) is None  # no tokenizer.json: GPT-2 BPE, as before
+    with pytest.raises(UserError, match="tokenizer.json is missing"):  # its ids are not GPT-2 BPE's
+        folder_meta(str(tmp_path))
     shutil.copy(bpe_data / "tokenizer.json", tmp_path)
     model, meta = load_model(str(tmp_path), "unused")  # what sample.py and hellaswag.py do
     tok = get_tokenizer(meta or folder_meta(str(tmp_path)))

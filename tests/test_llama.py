@@ -1,7 +1,7 @@
 """
-The llama family: transformers' LlamaForCausalLM loads into GPT with the same logits and exports back to it,
-KV-cache generation with grouped-query attention, the model's helpers, checkpoints, and a training run of
-config/train_llama_shakespeare_char.py (shrunk), resumed, that sample.py then reads with nothing else.
+The llama family (its transformers round trips: tests/test_hf.py): KV-cache generation with grouped-query
+attention, the model's helpers, checkpoints, and a training run of config/train_llama_shakespeare_char.py
+(shrunk), resumed, that sample.py then reads with nothing else.
 """
 import math
 import os
@@ -14,7 +14,6 @@ import torch
 
 from gpt.checkpoint import model_from_checkpoint
 from gpt.errors import UserError
-from gpt.hf import llama_to_hf
 from model import GPT, NANOGPT_ARGS, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,58 +37,6 @@ def tiny(**kw):
     cfg.update(kw)
     torch.manual_seed(0)
     return GPT(GPTConfig(**cfg))
-
-
-def perturb_norms(model):
-    """A fresh model's norm gains are all 1 and its biases 0, so a swapped or missing one would go unseen."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
-def llama_config(transformers, tie=False, bias=False):
-    return transformers.LlamaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-        tie_word_embeddings=tie, attention_bias=bias, mlp_bias=bias)
-
-
-@pytest.mark.parametrize("tie, bias", [(False, False), (True, True)])
-def test_transformers_llama_loads_with_the_same_logits(tmp_path, tie, bias):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = perturb_norms(transformers.LlamaForCausalLM(llama_config(transformers, tie, bias))).eval()
-    hf.save_pretrained(tmp_path)
-    model = GPT.from_pretrained(str(tmp_path)).eval()  # reads the folder's model_type
-    cfg = model.config
-    assert (cfg.family, cfg.n_kv_head, cfg.mlp_hidden, cfg.rope_theta, cfg.tie_embeddings, cfg.bias) == \
-           ("llama", 2, 160, 500000.0, tie, bias)
-    assert "wpe" not in model.transformer
-    idx = torch.randint(0, 300, (2, 50))
-    with torch.no_grad():
-        ours, _ = model(idx, idx)
-        theirs = hf(idx).logits
-    assert (ours - theirs).abs().max().item() < 1e-4
-
-
-def test_export_gives_the_same_logits_in_transformers(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    model = perturb_norms(tiny(vocab_size=300, n_embd=64, block_size=64, rope_theta=500000.0)).eval()
-    config, state_dict = llama_to_hf(model)
-    hf = transformers.LlamaForCausalLM(config)
-    hf.load_state_dict(state_dict, strict=True)
-    hf.save_pretrained(tmp_path)  # and back from disk, as a user would load it
-    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
-    assert (hf.config.num_key_value_heads, hf.config.intermediate_size) == (2, model.config.mlp_hidden)
-    idx = torch.randint(0, 300, (2, 50))
-    with torch.no_grad():
-        ours, _ = model(idx, idx)
-        theirs = hf(idx).logits
-    assert (ours - theirs).abs().max().item() < 1e-4
-    with pytest.raises(UserError, match="llama-family"):
-        llama_to_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=50, block_size=8)))
 
 
 def test_the_cache_holds_the_key_value_heads_only():

@@ -45,10 +45,19 @@ def test_plot_writes_the_curves(tmp_path):
     r = subprocess.run([sys.executable, "plot.py", f"--out_dir={tmp_path / 'plain'}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert png_size(tmp_path / "plain" / "curves.png") == (1200, 800)  # loss x 2, lr, tokens/s
+    assert png_size(tmp_path / "plain" / "curves.png") == (1200, 1200)  # loss x 2, lr, grad norm, tokens/s
     write_log(tmp_path / "hs", hellaswag=True)
     plot.main([f"--out_dir={tmp_path / 'hs'}", f"--output={tmp_path / 'report' / 'run.png'}"])
-    assert png_size(tmp_path / "report" / "run.png") == (1200, 1200)  # and HellaSwag, on a third row
+    assert png_size(tmp_path / "report" / "run.png") == (1200, 1200)  # and HellaSwag, beside tokens/s
+
+
+def test_plot_has_a_gradient_norm_panel(tmp_path):
+    write_log(tmp_path)
+    rows = [r for r in plot.read_log(tmp_path) if r["kind"] in ("train", "eval")]
+    fig = plot.figure(rows, "run")
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert "gradient norm (before clipping)" in panels
+    assert list(panels["gradient norm (before clipping)"].lines[0].get_ydata()) == [1.0] * 21
 
 
 def test_plot_without_a_log_is_a_one_line_error(tmp_path):

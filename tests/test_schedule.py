@@ -147,3 +147,51 @@ def test_the_checkpoint_decision():
     assert decide(10, 1.0, interval=-1) == []
     # a token checkpoint, named with the tokens seen and the val loss, besides ckpt.pt
     assert decide(4, 2.5, ckpt_every_tokens=200, always=True) == [None, "ckpt-tok256-val2.5000.pt"]
+
+
+def test_total_batch_size_gives_the_accumulation_steps(capsys):
+    steps = lambda total, world=1: schedule.accumulation_steps(total, 40, 12, 1024, world)
+    assert steps(0) == 40  # off: gradient_accumulation_steps as set
+    assert steps(524288 - 524288 % (12 * 1024)) == 42 and "-> gradient_accumulation_steps=42" in capsys.readouterr().out
+    assert schedule.accumulation_steps(524288, 1, 16, 1024, 8) == 4  # build-nanogpt's: 4 per GPU on 8 GPUs
+    assert schedule.accumulation_steps(0, 40, 12, 1024, 8) == 5  # nanoGPT's 5 * 8 on 8 GPUs
+    with pytest.raises(UserError, match="gradient_accumulation_steps=40 is not divisible by the 3 processes"):
+        schedule.accumulation_steps(0, 40, 12, 1024, 3)
+    with pytest.raises(UserError, match=r"^total_batch_size=524,288 is not a multiple of batch_size\*block_size\*"
+                                        r"world_size = 12\*1024\*1 = 12,288: use 516096 or 528384 "):
+        steps(524288)
+    with pytest.raises(UserError, match="use 12288 "):
+        steps(1000)
+
+
+def test_total_batch_size_that_does_not_divide_is_one_line(data_dir, tmp_path):
+    r = train(data_dir, tmp_path / "out", total_batch_size=100)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "error: total_batch_size=100 is not a multiple of batch_size*block_size*world_size = 4*16*1 = 64: "
+        "use 64 or 128")
+
+
+def test_lr_schedule_shapes():
+    lr = lambda it, shape, frac=0.2: schedule.get_lr(it, 1.0, 0.1, 10, 110, shape, frac, max_iters=100)
+    warmup = [lr(it, "cosine") for it in range(10)]
+    # every schedule warms up the same way
+    assert [lr(it, "constant") for it in range(10)] == [lr(it, "wsd") for it in range(10)] == warmup
+    assert warmup == pytest.approx([(it + 1) / 11 for it in range(10)])
+    assert lr(10, "cosine") == pytest.approx(1.0) and lr(110, "cosine") == 0.1  # nanoGPT's, as before
+    assert [lr(it, "constant") for it in (10, 50, 99, 500)] == [1.0] * 4
+    # wsd: stable up to the last 20% of max_iters, then linear down to min_lr at the last step
+    assert [lr(it, "wsd") for it in (10, 50, 79)] == [1.0] * 3
+    assert [lr(it, "wsd") for it in (80, 89, 99)] == pytest.approx([1 - 0.9 / 20, 1 - 0.9 * 10 / 20, 0.1])
+    decay = [lr(it, "wsd") for it in range(79, 100)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert lr(99, "wsd", frac=0.5) == pytest.approx(0.1) and lr(49, "wsd", frac=0.5) == 1.0 > lr(50, "wsd", 0.5)
+    # decay_lr=False (nanoGPT): learning_rate from the first step, no warm-up
+    assert [lr(it, "none") for it in (0, 5, 50, 99)] == [1.0] * 4
+
+
+def test_lr_schedule_mistakes_are_one_line():
+    it = lambda **kw: schedule.iterations(settings(**kw), 1000, DEFAULTS, verbose=False)
+    with pytest.raises(UserError, match="unknown lr_schedule 'linear': use one of cosine, constant, wsd"):
+        it(lr_schedule="linear")
+    with pytest.raises(UserError, match=r"lr_decay_frac=1.5 must be in \(0, 1\]"):
+        it(lr_schedule="wsd", lr_decay_frac=1.5)

@@ -35,6 +35,8 @@ parser.add_argument("--seed", type=int, default=2357)
 parser.add_argument("--tokenizer", default="gpt2",
                     help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
 parser.add_argument("--vocab_size", type=int, default=32768, help="vocabulary of --tokenizer=train")
+parser.add_argument("--streaming", action="store_true",
+                    help="tokenize the documents as they download, without the HF cache's copy (same output)")
 args = parser.parse_args()
 if args.num_proc < 1:
     raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
@@ -44,10 +46,16 @@ if args.local is not None and not os.path.exists(args.local):
     raise UserError(f"--local path {args.local} does not exist")
 if args.tokenizer == "gpt2":
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
+elif args.tokenizer == "train" and args.streaming:
+    raise UserError("--streaming cannot train a tokenizer (it learns from the whole train split first): "
+                    "drop --streaming, or pass a trained tokenizer.json as --tokenizer")
 elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
     raise UserError(f"--tokenizer {args.tokenizer}: not gpt2, train, or an existing tokenizers JSON file")
 
 # heavy imports after the argument checks, so mistakes are reported at once
+import math
+import multiprocessing
+
 import datasets
 import numpy as np
 from tqdm import tqdm
@@ -56,13 +64,18 @@ if not sys.stderr.isatty():
     datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
 
 # from the hub: 54GB in the huggingface .cache dir, about 8M documents (8,013,769)
-dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc)
-if len(dataset) < 2:
-    raise UserError(f"the dataset has {len(dataset)} document(s); need at least 2 for a train/val split")
-
-# owt by default only contains the 'train' split, so create a test split (at least one document)
-split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=args.seed, shuffle=True)
-split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
+dataset, given_val = load_documents(args.local, args.dataset, args.text_column, args.num_proc,
+                                    streaming=args.streaming, with_val=True)
+if args.streaming:
+    split_dataset = None
+elif given_val is not None:  # the user's own validation split (a save_to_disk DatasetDict's)
+    split_dataset = datasets.DatasetDict(train=dataset, val=given_val)
+else:
+    if len(dataset) < 2:
+        raise UserError(f"the dataset has {len(dataset)} document(s); need at least 2 for a train/val split")
+    # owt by default only contains the 'train' split, so create a test split (at least one document)
+    split_dataset = dataset.train_test_split(test_size=args.val_fraction, seed=args.seed, shuffle=True)
+    split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
 
 # the tokenizer (a trained one learns from the train split only), saved beside the data before any token
 os.makedirs(args.out_dir, exist_ok=True)
@@ -81,6 +94,57 @@ def process(example):
     ids = tok.encode_ordinary(example[args.text_column])  # special tokens in the text are plain text
     ids.append(meta["eot"])  # add the end of text token, e.g. 50256 for gpt2 bpe
     return {"ids": ids, "len": len(ids)}
+
+
+def encode_text(text):
+    return np.asarray(process({args.text_column: text})["ids"], dtype=DTYPES[meta["dtype"]])
+
+
+def stream_tokens(stream, path):
+    """Tokenize a stream of documents in order into path; the token count of each document."""
+    lengths = []
+    with open(path, "wb") as f, multiprocessing.Pool(args.num_proc) as pool:
+        texts = (row[args.text_column] for row in stream)
+        for ids in tqdm(pool.imap(encode_text, texts, chunksize=16), desc="tokenizing", unit="doc", disable=None):
+            f.write(ids.tobytes())
+            lengths.append(len(ids))
+    return np.array(lengths, dtype=np.int64)
+
+
+if args.streaming:
+    # the documents in the source's order, then written in the order the non-streaming path writes them:
+    # datasets' train_test_split is rng(seed).permutation(n), its first ceil(n * val_fraction) being val
+    tmp_train = os.path.join(args.out_dir, "documents.tmp")
+    lengths = stream_tokens(dataset, tmp_train)
+    sources = {"train": (tmp_train, lengths)}
+    if given_val is not None:
+        tmp_val = os.path.join(args.out_dir, "val_documents.tmp")
+        sources["val"] = (tmp_val, stream_tokens(given_val, tmp_val))
+        orders = {"train": np.arange(len(lengths)), "val": np.arange(len(sources["val"][1]))}
+    else:
+        if len(lengths) < 2:
+            raise UserError(f"the dataset has {len(lengths)} document(s); need at least 2 for a train/val split")
+        n_val = math.ceil(args.val_fraction * len(lengths))
+        permutation = np.random.default_rng(args.seed).permutation(len(lengths))
+        sources["val"] = sources["train"]
+        orders = {"train": permutation[n_val:], "val": permutation[:n_val]}
+    for split in ("train", "val"):
+        path, lens = sources[split]
+        docs = np.memmap(path, dtype=DTYPES[meta["dtype"]], mode="r") if lens.sum() else np.zeros(0)
+        starts = np.concatenate([[0], np.cumsum(lens)])
+        order = orders[split]
+        filename = os.path.join(args.out_dir, f"{split}.bin")
+        with atomic_path(filename) as tmp:
+            with open(tmp, "wb") as f:
+                for i in order:
+                    f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
+        print(f"{split}.bin has {int(lens[order].sum()):,} tokens")
+        del docs
+    for path, _ in sources.values():
+        if os.path.exists(path):
+            os.remove(path)
+    write_meta(args.out_dir, meta)
+    sys.exit(0)
 
 
 tokenized = split_dataset.map(process, remove_columns=dataset.column_names,

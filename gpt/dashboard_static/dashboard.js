@@ -12,16 +12,20 @@ const CHARTS = [
   {id: "loss-step", title: "loss vs step", x: "step", series: LOSSES},
   {id: "loss-tokens", title: "loss vs tokens", x: "tokens", series: LOSSES},
   {id: "lr", title: "learning rate", x: "step", series: [["lr", "train", "lr"]]},
+  {id: "grad-norm", title: "gradient norm", x: "step", series: [["norm", "train", "grad_norm"]]},
   {id: "tokens-per-s", title: "tokens/s", x: "step", series: [["tokens/s", "train", "tokens_per_s"]]},
   {id: "mfu", title: "MFU (%)", x: "step", series: [["MFU %", "train", "mfu", 100]], optional: true},
   {id: "hellaswag", title: "HellaSwag", x: "step", optional: true,
    series: [["acc_norm", "eval", "hellaswag"], ["acc", "eval", "hellaswag_acc"]]},
 ];
 
+const IDLE_S = 120;  // a log without an end row that has not changed for this long: say so, not "live"
 const rows = {train: [], eval: []};
 const plots = {};  // chart id -> uPlot
 let offset = 0;
 let samples = null;
+let idle = null;  // seconds since the log last changed, as the server sees it
+let ended = null;  // the log's "end" row: the run finished (or was stopped), nothing more will come
 
 function compact(v) {
   const a = Math.abs(v);
@@ -46,13 +50,18 @@ function chartData(chart) {
   return [xs, ...chart.series.map((_, i) => xs.map(x => byX.get(x)[i]))];
 }
 
+// the card's inner width: charts fit a phone-sized window (the card sets the grid's minimum)
+function chartWidth(card) {
+  return Math.max(160, card.clientWidth - 20);
+}
+
 function makePlot(chart, data) {
   const card = document.createElement("div");
   card.className = "card";
   card.id = chart.id;
   card.innerHTML = `<h2>${chart.title}</h2>`;
   document.getElementById("charts").appendChild(card);
-  const width = Math.max(300, card.clientWidth - 20);
+  const width = chartWidth(card);
   const opts = {
     width, height: 260,
     scales: {x: {time: false}},
@@ -112,12 +121,14 @@ async function poll() {
     for (;;) {  // a long log comes in several answers
       const answer = await (await fetch(`log?offset=${offset}`, {cache: "no-store"})).json();
       if (answer.reset) {  // a resumed run cut its log back: start over
-        rows.train = []; rows.eval = []; samples = null; changed = true;
+        rows.train = []; rows.eval = []; samples = null; ended = null; changed = true;
       }
       for (const row of answer.rows) {
         if (row.kind === "sample") samples = row;
-        else if (rows[row.kind]) rows[row.kind].push(row);
+        else if (row.kind === "end") ended = row;
+        else if (rows[row.kind]) { rows[row.kind].push(row); ended = null; }
       }
+      idle = answer.idle_s;
       changed = changed || answer.rows.length > 0;
       document.getElementById("run").textContent = answer.run;
       offset = answer.offset;
@@ -125,10 +136,20 @@ async function poll() {
     }
     if (changed) redraw();
     document.title = `${document.getElementById("run").textContent}: step ${rows.train.at(-1)?.step ?? "-"}`;
-    status.textContent = `live, updated ${new Date().toLocaleTimeString()}`;
-    status.className = "";
+    if (ended) {
+      status.textContent = ended.stopped ? `stopped at step ${ended.step} (init_from=resume goes on)`
+                                         : `finished: ${ended.step} steps, ${compact(ended.tokens)} tokens`;
+      status.className = "ended";
+    } else if (idle != null && idle > IDLE_S) {
+      status.textContent = `no new log rows for ${Math.round(idle / 60)} min (run stopped or crashed?)`;
+      status.className = "stale";
+    } else {
+      status.textContent = `live, updated ${new Date().toLocaleTimeString()}`;
+      status.className = "";
+    }
+    document.body.dataset.status = status.className || "live";
   } catch (e) {
-    if (status.className !== "stale") {
+    if (status.className !== "stale" && !ended) {  // a finished run's server may be gone: it still says so
       status.textContent = `no answer from the server since ${new Date().toLocaleTimeString()} (run over?)`;
       status.className = "stale";
     }
@@ -138,8 +159,8 @@ async function poll() {
 
 window.addEventListener("resize", () => {
   for (const [id, plot] of Object.entries(plots)) {
-    plot.setSize({width: Math.max(300, document.getElementById(id).clientWidth - 20), height: 260});
+    plot.setSize({width: chartWidth(document.getElementById(id)), height: 260});
   }
 });
-window.dashboard = {rows, plots};
+window.dashboard = {rows, plots, ended: () => ended};
 poll();

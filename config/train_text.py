@@ -1,0 +1,34 @@
+# a small model for your own text, prepared by data/text/prepare.py:
+# $ python data/text/prepare.py --input my_texts/ --name mytext
+# $ python train.py config/train_text.py --dataset=mytext --out_dir=out-mytext
+# $ python sample.py --out_dir=out-mytext
+# the shakespeare_char model (6 layers, 384 wide, context 256, dropout against overfitting a small corpus);
+# on a CPU add e.g. --device=cpu --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+
+out_dir = 'out-text'
+dataset = 'text'  # set it to your --name: --dataset=mytext
+eval_interval = 250
+eval_iters = 50
+log_interval = 10
+always_save_checkpoint = False  # a small corpus overfits: keep the checkpoint of the best val loss
+
+gradient_accumulation_steps = 1
+batch_size = 64
+block_size = 256  # prepare.py's --block_size must not be larger (it keeps one window of val)
+
+n_layer = 6
+n_head = 6
+n_embd = 384
+dropout = 0.2
+
+learning_rate = 1e-3
+max_iters = 2000
+lr_decay_iters = 2000
+min_lr = 1e-4
+beta2 = 0.99
+warmup_iters = 100
+
+# a model this small is bound by launching kernels: replay each step from a CUDA graph (one CUDA GPU only)
+# rather than compile (as config/train_shakespeare_char.py)
+cuda_graph = True
+compile = False

@@ -1,0 +1,133 @@
+"""
+Prepare your own text for training: one file, several files, or a folder of text files, tokenized by
+characters, GPT-2 BPE, a BPE trained on the text, or an existing tokenizers JSON file. Writes
+data/<name>/train.bin, val.bin and meta.json (and tokenizer.json for a BPE of its own).
+
+    python data/text/prepare.py --input my_novel.txt --name novel                   # characters
+    python data/text/prepare.py --input notes/ --name notes --tokenizer=train       # a BPE of its own
+    python data/text/prepare.py --input a.md b.md --name ab --tokenizer=gpt2
+    python train.py config/train_text.py --dataset=novel --out_dir=out-novel
+    python sample.py --out_dir=out-novel
+
+Each file is one document; a folder gives its files with the extensions below (and any of its
+subfolders'), in path order. Tokenizers with an end-of-text token (gpt2, train, most tokenizer.json
+files) get one after every document; characters have none, so the files are simply joined. The last
+--val_fraction of the tokens (but at least --block_size + 1 of them, one training window) is val.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+from gpt import errors
+from gpt.data import dataset_dir, write_meta, write_tokens
+from gpt.errors import UserError
+from gpt.tokenizer import Tokenizer, char_meta, dataset_tokenizer
+
+# what a folder's text files may be called (a file named on the command line may be called anything)
+TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")
+
+
+def text_files(inputs):
+    """The files of --input, in order: each file as given, each folder's text files (recursively, hidden
+    ones skipped) sorted by path."""
+    files = []
+    for path in inputs:
+        if os.path.isfile(path):
+            files.append(path)
+        elif os.path.isdir(path):
+            found = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [os.path.join(root, n) for n in names
+                          if not n.startswith(".") and n.lower().endswith(TEXT_EXTENSIONS)]
+            if not found:
+                raise UserError(f"--input {path}: the folder holds no text files ({', '.join(TEXT_EXTENSIONS)})")
+            files += sorted(found)
+        else:
+            raise UserError(f"--input {path} does not exist")
+    return files
+
+
+def read_text(path):
+    try:
+        # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", help="text files and/or folders of text files")
+    parser.add_argument("--name", help="the dataset's name: writes data/<name>/, trained with --dataset=<name>")
+    parser.add_argument("--out_dir", help="write here instead of data/<name>/ (then train with --data_dir)")
+    parser.add_argument("--tokenizer", default="char",
+                        help="char (default), gpt2, train (a byte-level BPE trained on this text), "
+                             "or the path of a tokenizers JSON file")
+    parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
+    parser.add_argument("--val_fraction", type=float, default=0.1, help="the share of tokens kept for val")
+    parser.add_argument("--block_size", type=int, default=256,
+                        help="the context you will train with: val and train get at least one window each")
+    args = parser.parse_args(argv)
+    if not args.input:
+        raise UserError("no --input: give a text file, several, or a folder (--input my.txt or --input texts/)")
+    if not args.name and not args.out_dir:
+        raise UserError("no --name: name the dataset, e.g. --name=mytext (writes data/mytext/; "
+                        "train with --dataset=mytext)")
+    if args.name and (os.sep in args.name or "/" in args.name or args.name in (".", "..")):
+        raise UserError(f"--name {args.name!r} must be a plain folder name (use --out_dir for a path)")
+    if not 0 < args.val_fraction < 1:
+        raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
+    if args.block_size < 1:
+        raise UserError(f"--block_size must be at least 1, got {args.block_size}")
+    out_dir = args.out_dir or dataset_dir(args.name)
+
+    files = text_files(args.input)
+    docs = [read_text(f) for f in files]
+    if not any(docs):
+        raise UserError(f"the {len(files)} input file(s) hold no text")
+    print(f"{len(files):,} file(s), {sum(map(len, docs)):,} characters")
+
+    # the tokenizer, saved with the data; a trained one (and the character table) sees all the text: with a
+    # small corpus, a val part that the tokenizer never saw would only get worse tokens, not a fairer loss
+    if args.tokenizer == "char":
+        meta = char_meta("".join(docs))
+        tok = Tokenizer("char", meta["itos"])
+        print(f"characters: {meta['vocab_size']:,} distinct")
+    else:
+        tok, meta = dataset_tokenizer(args.tokenizer, out_dir, lambda: iter(docs), args.vocab_size)
+    eot = meta.get("eot")
+    if eot is None and args.tokenizer != "char" and len(docs) > 1:
+        print("the tokenizer has no end-of-text token: the documents are joined without a separator")
+
+    ids = []
+    for doc in docs:
+        ids += tok.encode_ordinary(doc)  # "<|endoftext|>" written in a file is text, not the separator
+        if eot is not None:
+            ids.append(eot)
+    need = 2 * (args.block_size + 1)
+    if len(ids) < need:
+        raise UserError(f"the text is {len(ids):,} tokens, too few for block_size={args.block_size} (train and "
+                        f"val need {args.block_size + 1} each, {need} in all): add text, or pass a smaller "
+                        f"--block_size and train with the same --block_size")
+    n_val = max(int(len(ids) * args.val_fraction), args.block_size + 1)
+    n_val = min(n_val, len(ids) - (args.block_size + 1))
+    train_ids, val_ids = ids[:-n_val], ids[-n_val:]
+
+    os.makedirs(out_dir, exist_ok=True)
+    write_tokens(os.path.join(out_dir, "train.bin"), train_ids, meta["dtype"])
+    write_tokens(os.path.join(out_dir, "val.bin"), val_ids, meta["dtype"])
+    write_meta(out_dir, meta)  # last: a folder with meta.json is a finished dataset
+    print(f"train.bin has {len(train_ids):,} tokens, val.bin {len(val_ids):,} ({args.tokenizer} tokenizer, "
+          f"{meta['vocab_size']:,} tokens) in {out_dir}")
+    if args.out_dir:
+        print(f"train with: python train.py config/train_text.py --data_dir={out_dir}")
+    else:
+        print(f"train with: python train.py config/train_text.py --dataset={args.name} --out_dir=out-{args.name}")
+
+
+if __name__ == "__main__":
+    errors.install()
+    main()

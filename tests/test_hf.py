@@ -1,0 +1,444 @@
+"""
+gpt/hf.py, the bridge to transformers, and export.py: a checkpoint becomes a transformers folder that loads
+offline with AutoModelForCausalLM (GPT-2 or Llama), gives our logits and greedy tokens, carries a tokenizer
+that encodes as ours (characters, GPT-2 BPE, a dataset's own tokenizers BPE), and imports back
+(GPT.from_pretrained) with the same logits again. Every config field that changes the math is carried or
+refused, both ways: the round trip runs over every model setting (CASES), and a GPTConfig field that
+hf.FIELDS does not map fails test_every_config_field_is_mapped_and_exercised.
+
+Under two transformers versions: CI runs this file in a second environment with the oldest version the
+requirements allow, and with $HF_OTHER_PYTHON (that environment's python) set, the folders exported here
+are also loaded there (test_an_export_loads_in_the_other_transformers).
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import write_char_dataset
+
+import export
+import hellaswag
+from gpt import hf
+from gpt.checkpoint import load_checkpoint, model_from_checkpoint
+from gpt.errors import UserError
+from gpt.tokenizer import get_tokenizer
+from model import GPT, GPTConfig
+
+transformers = pytest.importorskip("transformers")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
+            learning_rate=3e-3, eval_interval=100, eval_iters=1, log_interval=10, warmup_iters=5, lr_decay_iters=20,
+            dropout=0.0, compile=False, device="cpu", dtype="float32")
+CHARS = [chr(c) for c in range(32, 127)]  # 95 printable characters: a char tokenizer for the tiny models
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(script, *args, check=True):
+    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=240)
+    if check:
+        assert r.returncode == 0, f"{script} {args}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def randomize(model, seed=0):
+    """Weights far from a fresh model's (norm gains 1, biases 0, small matrices), so that a swapped, missing
+    or mis-scaled tensor or setting shows in the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if name.endswith("ln_1.weight") or name.endswith("ln_2.weight")
+                    or name.endswith("ln_f.weight") else 0.15 * noise)
+    return model.eval()
+
+
+def save_checkpoint(model, folder, chars=None, **extra):
+    """A train.py-like ckpt.pt of the model, with a character vocabulary of `chars` (default: as many as the
+    model's vocabulary has ids, up to 95)."""
+    n = chars or min(model.config.vocab_size, len(CHARS))
+    meta = {"tokenizer": "char", "vocab_size": n, "dtype": "uint16", "itos": CHARS[:n]}
+    os.makedirs(folder, exist_ok=True)
+    torch.save({"model": model.state_dict(), "model_args": model.config.checkpoint_args(), "iter_num": 7,
+                "best_val_loss": 3.5, "dataset_meta": meta,
+                "config": {"dataset": "shakespeare_char", "batch_size": 4, "gradient_accumulation_steps": 2,
+                           "block_size": model.config.block_size, **extra}}, os.path.join(folder, "ckpt.pt"))
+    return folder
+
+
+def ours(out_dir):
+    path = os.path.join(out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(path)
+    return model_from_checkpoint(ckpt, path).eval(), get_tokenizer(ckpt["dataset_meta"])
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+# --- the round trip, over every setting a model has
+
+# every GPTConfig field in hf.FIELDS takes a value other than its default in at least one case (checked below)
+CASES = {
+    "gpt2": dict(family="gpt2", n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=101),
+    "gpt2-nobias-untied": dict(family="gpt2", n_layer=1, n_head=4, n_embd=32, block_size=17, vocab_size=67,
+                               bias=False, tie_embeddings=False, mlp_hidden=48, norm_eps=1e-3),
+    "gpt2-wide-kv=n_head": dict(family="gpt2", n_layer=2, n_head=4, n_kv_head=4, n_embd=64, block_size=40,
+                                vocab_size=95, norm_eps=1e-6),
+    "llama": dict(family="llama", n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=101),
+    "llama-gqa-bias-untied": dict(family="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=24,
+                                  vocab_size=77, bias=True, tie_embeddings=False, rope_theta=500000.0,
+                                  mlp_hidden=40, norm_eps=1e-6),
+    "llama-mqa": dict(family="llama", n_layer=1, n_head=4, n_kv_head=1, n_embd=32, block_size=50, vocab_size=66,
+                      rope_theta=1234.5, norm_eps=1e-3, tie_embeddings=True),
+}
+
+
+def test_every_config_field_is_mapped_and_exercised():
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    unmapped = fields - set(hf.FIELDS) - set(hf.NOT_ARCHITECTURE)
+    assert not unmapped, f"GPTConfig fields with no transformers mapping in gpt/hf.py's FIELDS: {unmapped}"
+    assert not set(hf.FIELDS) & set(hf.NOT_ARCHITECTURE) and set(hf.FIELDS) | set(hf.NOT_ARCHITECTURE) <= fields
+    defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+    unexercised = {k for k in hf.FIELDS if not any(k in c and c[k] != defaults[k] for c in CASES.values())}
+    assert not unexercised, f"no round-trip case sets {unexercised} to anything but its default"
+
+
+def compared_fields(cfg):
+    """The fields that define what a model computes: all of FIELDS, less rope_theta for gpt2 (no rotary)."""
+    return {k: getattr(cfg, k) for k in hf.FIELDS if not (k == "rope_theta" and cfg.family == "gpt2")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_round_trip_export_transformers_import(case, tmp_path):
+    model = randomize(GPT(GPTConfig(**CASES[case])))
+    cfg = model.config
+    save_checkpoint(model, tmp_path)
+    export.main([f"--out_dir={tmp_path}", "--verify=False"])
+    folder = tmp_path / "hf"
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(hf_model).__name__ == ("LlamaForCausalLM" if cfg.family == "llama" else "GPT2LMHeadModel")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.block_size), generator=g)
+    back = GPT.from_pretrained(str(folder)).eval()
+    assert compared_fields(back.config) == compared_fields(cfg)
+    with torch.no_grad():
+        logits = model(x, targets=x)[0]
+        assert logits.abs().max() > 1  # far from uniform: a wrong setting would show
+        assert max_diff(hf_model(x).logits, logits) < 1e-5
+        assert max_diff(back(x, targets=x)[0], logits) < 1e-5
+        # and the same greedy tokens (ours kept to the tokenizer's ids, theirs by suppress_tokens)
+        n = min(len(CHARS), cfg.vocab_size)
+        prompt = x[:1, :4] % n
+        greedy = model.generate(prompt, 8, temperature=0, vocab_limit=n)
+        assert hf_model.generate(prompt, max_new_tokens=8, do_sample=False).tolist() == greedy.tolist()
+
+
+def test_settings_transformers_cannot_express_are_refused_before_writing(tmp_path):
+    model = GPT(GPTConfig(family="gpt2", n_layer=1, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=50))
+    save_checkpoint(model, tmp_path)
+    with pytest.raises(UserError, match="n_kv_head=2.*grouped-query") as e:
+        export.main([f"--out_dir={tmp_path}"])
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(UserError, match="llama-family"):
+        hf.llama_to_hf(model)
+
+
+# --- import: every transformers setting that changes the math is carried or refused
+
+GPT2 = dict(n_positions=48, n_embd=48, n_layer=2, n_head=4, vocab_size=300)
+LLAMA = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=500000.0)
+
+
+@pytest.mark.parametrize("family, change, refused", [
+    ("gpt2", {}, None),
+    ("gpt2", dict(tie_word_embeddings=False), None),  # was 1.23 off, silently
+    ("gpt2", dict(layer_norm_epsilon=1e-2), None),  # was 0.69
+    ("gpt2", dict(n_inner=96), None),  # was an AssertionError
+    ("gpt2", dict(activation_function="gelu_pytorch_tanh"), None),
+    ("gpt2", dict(reorder_and_upcast_attn=True), None),  # precision only
+    ("gpt2", dict(activation_function="relu"), "activation_function='relu'"),  # was 0.387 off
+    ("gpt2", dict(activation_function="gelu"), "activation_function='gelu'"),
+    ("gpt2", dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx=True"),  # was 2.1e-3
+    ("gpt2", dict(scale_attn_weights=False), "scale_attn_weights=False"),
+    ("gpt2", dict(some_new_switch=3), "some_new_switch=3"),
+    ("llama", {}, None),
+    ("llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True), None),
+    ("llama", dict(num_key_value_heads=1, rms_norm_eps=1e-3, rope_theta=77.0), None),
+    ("llama", dict(pretraining_tp=2), None),  # same sums, sliced
+    ("llama", dict(rope_scaling="linear"), "rope_type.*'linear'"),
+    ("llama", dict(head_dim=32), "head_dim=32"),
+    ("llama", dict(attention_bias=True, mlp_bias=False), "mlp_bias=False"),
+    ("llama", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("llama", dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+])
+def test_import_carries_or_refuses_every_field(family, change, refused, tmp_path):
+    if family == "gpt2":
+        config = transformers.GPT2Config(**{**GPT2, **change})
+        hf_model = transformers.GPT2LMHeadModel(config)
+    else:
+        if "rope_scaling" in change:  # where each version keeps it, in its own form
+            change = (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+                      if int(transformers.__version__.split(".")[0]) >= 5 else
+                      dict(rope_scaling={"type": "linear", "factor": 2.0}))
+        config = transformers.LlamaConfig(**{**LLAMA, **change})
+        if refused and "head_dim" not in change:  # some would not even build here; the config is what we read
+            config.save_pretrained(tmp_path)
+            with pytest.raises(UserError, match=refused) as e:
+                GPT.from_pretrained(str(tmp_path))
+            assert "\n" not in str(e.value)
+            return
+        hf_model = transformers.LlamaForCausalLM(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.5) + (1 if p.dim() == 1 else 0))
+    hf_model.eval().save_pretrained(tmp_path)
+    if refused:
+        with pytest.raises(UserError, match=refused) as e:
+            GPT.from_pretrained(str(tmp_path))
+        assert "\n" not in str(e.value) and str(e.value).startswith("transformers config field ")
+        return
+    model = GPT.from_pretrained(str(tmp_path)).eval()
+    x = torch.randint(0, 300, (2, 48))
+    with torch.no_grad():
+        assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
+
+
+def test_an_exported_bias_free_gpt2_comes_back_bias_free(tmp_path):
+    model = randomize(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=60, bias=False)))
+    config, state_dict = hf.gpt2_to_hf(model)
+    hf_model = transformers.GPT2LMHeadModel(config)
+    hf_model.load_state_dict(state_dict, strict=False)
+    args, back = hf.gpt2_from_hf(hf_model)
+    assert args["bias"] is False and not any(k.endswith(".bias") for k in back)
+
+
+# --- export.py: what the folder holds
+
+@pytest.fixture(scope="module")
+def char_run(shakespeare_text_path, tmp_path_factory):
+    d = tmp_path_factory.mktemp("export_char")
+    write_char_dataset(d / "data", shakespeare_text_path)
+    # bias=False: transformers' GPT-2 always has biases, so the export fills in zeros
+    out = d / "out"
+    run("train.py", f"--data_dir={d / 'data'}", f"--out_dir={out}", "--dataset=shakespeare_char", "--max_iters=20",
+        "--bias=False", *[f"--{k}={v}" for k, v in TINY.items()])
+    return out
+
+
+@pytest.fixture(scope="module")
+def bpe_run(gpt2_ranks_path, tmp_path_factory):
+    """A GPT-2 BPE checkpoint whose vocabulary is padded to 50304, and whose padding ids would win every
+    greedy step if nothing kept generation from them."""
+    d = tmp_path_factory.mktemp("export_bpe")
+    torch.manual_seed(0)
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True, vocab_size=50304, dropout=0.0)
+    model = GPT(GPTConfig(**args))
+    with torch.no_grad():
+        model.lm_head.weight[50257:] *= 50
+    meta = {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256}
+    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 0, "best_val_loss": 10.0,
+                "config": {"dataset": "bpe"}, "dataset_meta": meta}, d / "ckpt.pt")
+    return d
+
+
+def test_char_checkpoint_exports_and_matches_ours(char_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    r = run("export.py", f"--out_dir={char_run}")
+    assert "logits match ours" in r.stdout and "so do its tokens" in r.stdout, r.stdout
+    folder = char_run / "hf"
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md"} <= set(os.listdir(folder))
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+
+    model, tokenizer = ours(char_run)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf_tok = AutoTokenizer.from_pretrained(folder)
+    text = "First Citizen:\nBefore we proceed any further, hear me speak."
+    x = torch.tensor([tokenizer.encode(text)[:32]])
+    assert hf_tok.encode(text) == tokenizer.encode(text)
+    assert hf_tok.decode(tokenizer.encode(text)) == text
+    with torch.no_grad():
+        assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
+        greedy = model.generate(x[:, :8], 20, temperature=0)
+        hf_greedy = hf_model.generate(x[:, :8], max_new_tokens=20, do_sample=False)
+    assert hf_greedy.tolist() == greedy.tolist()
+    # the text-generation pipeline works on the folder as it is, and writes the same text as our greedy decoding
+    generate = pipeline("text-generation", model=str(folder))
+    out = generate(text[:8], max_new_tokens=20, do_sample=False)[0]["generated_text"]
+    assert out == tokenizer.decode(greedy[0].tolist())
+    # every id is a character: no spare id for an end-of-text token, so none (and no batching: docs/export.md)
+    assert hf_tok.eos_token is None and hf_model.config.vocab_size == tokenizer.vocab_size
+
+
+def test_gpt2_bpe_export_has_gpt2s_tokenizer_and_never_picks_padding(bpe_run, shakespeare_text_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    folder = tmp_path / "hf"
+    export.main([f"--out_dir={bpe_run}", f"--export_dir={folder}"])
+    model, tokenizer = ours(bpe_run)
+    assert model.config.vocab_size == 50304 and tokenizer.vocab_size == 50257
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert hf_model.config.vocab_size == 50304 and hf_model.config.eos_token_id == 50256
+    assert hf_model.generation_config.suppress_tokens == list(range(50257, 50304))
+    assert hf_model(torch.tensor([[464]])).logits[0, -1].argmax() >= 50257  # a padding id would win, unsuppressed
+    # the tokenizer, rebuilt offline from the tiktoken ranks, encodes exactly as tiktoken does
+    hf_tok = AutoTokenizer.from_pretrained(folder)
+    assert hf_tok.pad_token == hf_tok.eos_token == "<|endoftext|>"
+    with open(shakespeare_text_path) as f:
+        text = f.read()[-20000:]
+    text += " naïve café 😀 <|endoftext|> 1234567   \t\r\n  spaces"
+    assert hf_tok.encode(text) == tokenizer.encode(text)
+    assert hf_tok.decode(tokenizer.encode(text)) == text
+    x = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord?")])
+    with torch.no_grad():
+        assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
+        # our generate keeps to the tokenizer's ids; suppress_tokens makes transformers do the same
+        greedy = model.generate(x, 16, temperature=0, vocab_limit=tokenizer.vocab_size)
+        hf_greedy = hf_model.generate(x, max_new_tokens=16, do_sample=False)
+    assert hf_greedy.tolist() == greedy.tolist()
+    generate = pipeline("text-generation", model=str(folder))
+    out = generate("ROMEO:\nWhat say you, my lord?", max_new_tokens=16, do_sample=False)[0]["generated_text"]
+    assert out == tokenizer.decode(greedy[0].tolist())
+
+
+def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
+    """A folder people can use at once: a char model whose vocabulary has spare ids gets <|endoftext|> as
+    its eos and pad, and a batch of prompts of different lengths generates what each alone does; the
+    context is generation's max_length; the README's YAML block is what the hub reads."""
+    from huggingface_hub import ModelCard
+    from transformers import pipeline
+    model = randomize(GPT(GPTConfig(family="llama", n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)))
+    save_checkpoint(model, tmp_path, chars=60)
+    export.main([f"--out_dir={tmp_path}"])
+    folder = str(tmp_path / "hf")
+    generate = pipeline("text-generation", model=folder)
+    tok, config = generate.tokenizer, generate.model.config
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, config.pad_token_id) == ("<|endoftext|>", 60, 60, 60)
+    assert 60 in generate.model.generation_config.suppress_tokens  # never generated: the model never saw it
+    assert generate.model.generation_config.max_length == 24
+    prompts = ["ABC", "HELLO THERE", "X"]
+    alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
+    batched = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=3)
+    assert [b[0]["generated_text"] for b in batched] == alone
+    _, tokenizer = ours(tmp_path)
+    x = torch.tensor([tokenizer.encode("HELLO THERE")])
+    assert alone[1] == tokenizer.decode(model.generate(x, 6, temperature=0, vocab_limit=60)[0].tolist())
+    # with no length asked for, generation stops at the context (max_length = block_size)
+    assert len(generate.tokenizer.encode(generate("ABC", do_sample=False)[0]["generated_text"])) == 24
+
+    card = ModelCard.load(os.path.join(folder, "README.md"))
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    assert "llama" in card.data.tags and card.data.datasets == ["shakespeare_char"]
+    assert card.data.to_dict()["training_tokens"] == 7 * 2 * 4 * 24
+    # tokenizer and config are written so that transformers 4.x reads them too
+    assert json.load(open(os.path.join(folder, "tokenizer_config.json")))["tokenizer_class"] == \
+        "PreTrainedTokenizerFast"
+    saved = json.load(open(os.path.join(folder, "config.json")))
+    assert saved["rope_theta"] == saved["rope_parameters"]["rope_theta"] == 10000.0
+
+
+def test_own_bpe_tokenizer_is_exported_as_it_is(shakespeare_text_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from gpt import tokenizer
+    with open(shakespeare_text_path) as f:
+        text = f.read()[:50000]
+    ours_tok, meta = tokenizer.dataset_tokenizer("train", tmp_path / "data", lambda: [text], 400)
+    meta["tokenizer_json"] = (tmp_path / "data" / "tokenizer.json").read_text()
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=32, bias=False, vocab_size=448, dropout=0.0)
+    model = GPT(GPTConfig(**args))
+    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 0, "best_val_loss": 9.0,
+                "config": {}, "dataset_meta": meta}, tmp_path / "ckpt.pt")
+    export.main([f"--out_dir={tmp_path}"])
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    sample = text[-2000:] + "<|endoftext|>"
+    assert hf_tok.encode(sample) == ours_tok.encode(sample)
+    assert hf_tok.eos_token == hf_tok.pad_token == "<|endoftext|>" and hf_tok.eos_token_id == meta["eot"]
+
+
+def test_export_mistakes_are_one_line_errors(tmp_path):
+    with pytest.raises(UserError, match="no checkpoint at"):
+        export.main([f"--out_dir={tmp_path}"])
+    with pytest.raises(UserError, match="dtype must be one of"):
+        export.main([f"--out_dir={tmp_path}", "--dtype=int8"])
+
+
+def test_bfloat16_export(tmp_path):
+    model = randomize(GPT(GPTConfig(family="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=32,
+                                    vocab_size=65, bias=False, tie_embeddings=False)))
+    save_checkpoint(model, tmp_path)
+    export.main([f"--out_dir={tmp_path}", "--dtype=bfloat16"])
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
+    assert type(hf_model).__name__ == "LlamaForCausalLM" and hf_model.config.num_key_value_heads == 2
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())  # the export rounded the weights to bfloat16
+        x = torch.randint(0, 65, (2, 32))
+        assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
+
+
+# --- sample.py and hellaswag.py on a folder whose tokenizer cannot be known
+
+def test_a_folder_without_its_tokenizer_is_one_error_line(tmp_path):
+    config = transformers.LlamaConfig(**LLAMA)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    r = run("sample.py", f"--init_from={tmp_path}", "--num_samples=1", "--max_new_tokens=2", "--device=cpu",
+            check=False)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'tokenizer.json'} is missing, so the tokenizer of this llama model (300 tokens, not "
+        f"GPT-2's BPE) cannot be known"], r.stderr[-2000:]
+    examples = tmp_path / "hs.jsonl"
+    examples.write_text(json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n")
+    with pytest.raises(UserError, match="tokenizer.json is missing"):
+        hellaswag.main([f"--init_from={tmp_path}", f"--path={examples}", "--device=cpu"])
+
+
+# --- the other transformers version
+
+@pytest.mark.skipif(not os.environ.get("HF_OTHER_PYTHON"), reason="HF_OTHER_PYTHON (a second transformers) not set")
+@pytest.mark.parametrize("case", ["gpt2-nobias-untied", "llama-gqa-bias-untied"])
+def test_an_export_loads_in_the_other_transformers(case, tmp_path):
+    """A folder exported here loads in the other environment's transformers with the same logits and
+    greedy tokens, and its tokenizer encodes the same; and a folder that one saves imports here."""
+    model = randomize(GPT(GPTConfig(**CASES[case])))
+    save_checkpoint(model, tmp_path)
+    export.main([f"--out_dir={tmp_path}", "--verify=False"])
+    n = min(model.config.vocab_size, len(CHARS))  # the tokenizer's ids
+    x = torch.randint(0, n, (2, model.config.block_size))
+    with torch.no_grad():
+        greedy = model.generate(x[:1, :4], 6, temperature=0, vocab_limit=n)
+        torch.save({"x": x, "logits": model(x, targets=x)[0], "greedy": greedy}, tmp_path / "expected.pt")
+    script = f"""
+import sys, torch, transformers
+folder, d = sys.argv[1], sys.argv[2]
+e = torch.load(d + '/expected.pt')
+m = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+t = transformers.AutoTokenizer.from_pretrained(folder)
+with torch.no_grad():
+    diff = (m(e['x']).logits - e['logits']).abs().max().item()
+    greedy = m.generate(e['x'][:1, :4], max_new_tokens=6, do_sample=False)
+assert diff < 1e-5, diff
+assert greedy.tolist() == e['greedy'].tolist()
+assert t.encode('HELLO, WORLD!') == {[CHARS.index(c) for c in 'HELLO, WORLD!']}
+m.save_pretrained(d + '/theirs')
+print(transformers.__version__, diff)
+"""
+    r = subprocess.run([os.environ["HF_OTHER_PYTHON"], "-c", script, str(tmp_path / "hf"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    back = GPT.from_pretrained(str(tmp_path / "theirs")).eval()
+    with torch.no_grad():
+        assert max_diff(back(x, targets=x)[0], model(x, targets=x)[0]) < 1e-5

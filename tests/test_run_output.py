@@ -1,0 +1,85 @@
+"""
+What a user sees of a run and what it takes in: the step line (loss, lr, grad norm, ...), the data found at the
+start and the totals at the end, total_batch_size, the lr_schedule choices, build-nanogpt's .npy shards.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpt.data import write_meta, write_tokens
+from gpt.trainlog import read_log, step_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
+            eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
+            compile=False, device="cpu", dtype="float32", dataset="tiny", warmup_iters=2, lr_decay_iters=6,
+            max_iters=6)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    pattern = [(i * 5 + i // 16) % 16 for i in range(4000)]
+    write_tokens(d / "train.bin", pattern)
+    write_tokens(d / "val.bin", pattern[:600])
+    write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")})
+    return d
+
+
+def train(data_dir, out_dir, **kw):
+    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+    return subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def test_step_line_reads_like_build_nanogpt():
+    line = step_line(7, 3.14159, 6e-4, 0.8123, 0.0125, 2048, 0.4123, None, 16384, 12.5)
+    assert line == ("iter 7: loss 3.1416, lr 6.000e-04, norm 0.8123, time 12.50ms, tok/s 163,840, mfu 41.23%, "
+                    "16,384 tokens (12.5%)")
+    assert "mfu" not in step_line(0, 1.0, 1e-3, 1.0, 0.01, 64, -1.0, None, 64, 1.0)  # not measured yet
+
+
+def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
+    from gpt.schedule import get_lr
+    r = train(data_dir, tmp_path / "out", total_batch_size=128, lr_schedule="wsd", lr_decay_frac=0.5,
+              max_iters=6, warmup_iters=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "total_batch_size=128 -> gradient_accumulation_steps=2" in r.stdout
+    log = [row for row in read_log(tmp_path / "out") if row["kind"] == "train"]
+    assert [row["tokens"] for row in log] == [128 * (n + 1) for n in range(6)]
+    assert [row["lr"] for row in log] == pytest.approx([get_lr(n, 1e-2, 1e-3, 1, 6, "wsd", 0.5, 6) for n in range(6)])
+    assert [row["lr"] for row in log][1:3] == [1e-2, 1e-2] and log[-1]["lr"] == pytest.approx(1e-3)
+
+
+def test_step_lines_the_data_at_the_start_and_the_totals_at_the_end(data_dir, tmp_path):
+    out = tmp_path / "out"
+    r = train(data_dir, out, max_iters=4, checkpoint_interval=2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # every step line shows the lr and grad norm the log has
+    log = [row for row in read_log(out) if row["kind"] == "train"]
+    lines = re.findall(r"^iter (\d+): loss [\d.]+, lr ([\d.e+-]+), norm ([\d.]+), time .*ms, tok/s", r.stdout, re.M)
+    assert [int(n) for n, *_ in lines] == [row["step"] for row in log] == list(range(4))
+    for (_, lr, norm), row in zip(lines, log):
+        assert float(lr) == pytest.approx(row["lr"], rel=1e-3) and float(norm) == pytest.approx(row["grad_norm"], 1e-3)
+    assert f"data: train.bin 4,000 tokens; val.bin 600 tokens in {data_dir}, vocab_size 16 (char)" in r.stdout
+    assert re.search(r"^done: 4 steps, 256 tokens, [\d.]+s of training$", r.stdout, re.M), r.stdout[-800:]
+    end = read_log(out)[-1]
+    assert end["kind"] == "end" and end["step"] == 4 and end["tokens"] == 256 and end["stopped"] is False
+    # resumed for more: the end row goes (it came after the checkpoint); the new end counts this launch too
+    r = train(data_dir, out, max_iters=6, checkpoint_interval=2, init_from="resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"^done: 6 steps, 384 tokens, [\d.]+s of training \(this launch: 2 steps, 128 tokens in "
+                     r"[\d.]+s\)$", r.stdout, re.M), r.stdout[-800:]
+    assert [row["step"] for row in read_log(out) if row["kind"] == "end"] == [6]
+
+
+def test_the_start_counts_shards(tmp_path):
+    from gpt.data import describe_dataset, write_shard
+    for name, n in (("x_val_000000.bin", 100), ("x_train_000001.bin", 300), ("x_train_000002.bin", 200)):
+        write_shard(tmp_path / name, list(range(n)))
+    assert describe_dataset(str(tmp_path), None) == (f"data: train 2 shards, 500 tokens; val 1 shard, 100 tokens "
+                                                     f"in {tmp_path}, GPT-2 BPE (no meta.json)")
