@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""
+The time-to-quality comparison of issue 18 (docs/speedrun.md), on one GPU machine, back to back:
+
+1. data/gcide (train.bin, val.bin) from gcide.txt.gz with the benchmark's make_corpus.py, if missing;
+2. karpathy/nanoGPT's own train.py (a copy of the --anchor folder, run in a scratch folder under --out)
+   on the benchmark's config (--nanogpt_config, gcide_nanogpt.py), its stdout lines timestamped here;
+3. this project's recipe (--config, config/speedrun_gcide.py) once per seed, its checkpoint at the end;
+   and, with --curve, one more run of the first seed that also saves a checkpoint every --curve_tokens
+   (those saves cost seconds, so its times are drawn, not reported);
+4. every saved checkpoint scored by one pass over the whole of val.bin (gpt/evaluation.py's
+   full_split_loss: every token once, in order); nanoGPT's last checkpoint's score is the target;
+5. --out/speedrun.md (card, torch, commit, seeds, time and tokens to the target) and --out/speedrun.png
+   (val loss against seconds since launch, both trainers).
+
+Times are seconds since each process was launched (the moment its stdout line reached this script, which
+runs it unbuffered), so start-up, compilation and evaluations all count.
+
+    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
+        --gcide=.shared/data/gcide.txt.gz --nanogpt_config=.shared/bench/gcide_nanogpt.py --seeds=1337,1,2
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+EVAL_LINE = re.compile(r"step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
+
+
+def run_timestamped(cmd, cwd, log_path, env=None):
+    """Run cmd, echoing its output; every line is stored with the seconds since launch at which it arrived
+    (log_path, JSON lines). Returns [(seconds, line)]. Fails with the output's tail if cmd fails."""
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    start = time.time()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    lines = []
+    with open(log_path, "w") as log:
+        for line in proc.stdout:
+            t = time.time() - start
+            line = line.rstrip("\n")
+            lines.append((t, line))
+            log.write(json.dumps({"t": round(t, 3), "line": line}) + "\n")
+            print(f"[{t:7.1f}s] {line}", flush=True)
+    if proc.wait():
+        tail = "\n".join(line for _, line in lines[-20:])
+        raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    return lines
+
+
+def parse_evals(lines):
+    """The evaluation lines, as [{'step', 'val' (the trainer's own estimate), 't' (arrival), 'since_launch'
+    (our train.py's own clock, None for nanoGPT)}]."""
+    out = []
+    for t, line in lines:
+        m = EVAL_LINE.match(line)
+        if m:
+            out.append(dict(step=int(m.group(1)), val=float(m.group(2)), t=t,
+                            since_launch=float(m.group(3)) if m.group(3) else None))
+    return out
+
+
+def score(ckpt_path, val_path, device, batch_size=16):
+    """(iter_num, tokens seen, full val loss) of a checkpoint (ours or nanoGPT's)."""
+    import torch
+
+    from gpt import hardware
+    from gpt.checkpoint import load_checkpoint, model_from_checkpoint
+    from gpt.evaluation import full_split_loss
+    ckpt = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(ckpt, ckpt_path).to(device)
+    cfg = ckpt.get("config", {})
+    tokens = ckpt["iter_num"] * cfg.get("batch_size", 0) * cfg.get("block_size", 0) * \
+        cfg.get("gradient_accumulation_steps", 0)
+    ctx = hardware.autocast(device.split(":")[0], hardware.resolve_dtype("auto", device.split(":")[0]))
+    loss = full_split_loss(model, val_path, model.config.block_size, batch_size, device, ctx)
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return ckpt["iter_num"], tokens, loss
+
+
+def curve(evals, scores):
+    """[(seconds, step, tokens, full val)] of scored checkpoints, timed by their step's evaluation line."""
+    at = {e["step"]: e["t"] for e in evals}
+    return sorted((at[step], step, tokens, loss) for step, tokens, loss in scores if step in at)
+
+
+def first_at_or_below(points, target):
+    """The first (seconds, step, tokens, loss) point at or below target, or None."""
+    return next((p for p in sorted(points) if p[3] <= target), None)
+
+
+def write_table(path, env, target, reference, runs):
+    """The markdown report. reference: nanoGPT's (seconds, step, tokens, loss); runs: {seed: points}."""
+    rows = [f"- card: {env['card']}; torch {env['torch']}; commit {env['commit']}",
+            f"- target: nanoGPT's step-{reference[1]} checkpoint, val {target:.4f} over the whole of val.bin, "
+            f"its evaluation line at {reference[0]:.1f} s after launch ({reference[2]:,} tokens)", "",
+            "| run | seed | final val | time to target (s) | % of nanoGPT's time | tokens to target |",
+            "|---|---|---|---|---|---|",
+            f"| nanoGPT | 1337 | {target:.4f} | {reference[0]:.1f} | 100% | {reference[2]:,} |"]
+    for seed, points in runs.items():
+        hit, final = first_at_or_below(points, target), max(points)[3] if points else float("nan")
+        if hit:
+            rows.append(f"| this project | {seed} | {final:.4f} | {hit[0]:.1f} | {100 * hit[0] / reference[0]:.0f}% "
+                        f"| {hit[2]:,} |")
+        else:
+            rows.append(f"| this project | {seed} | {final:.4f} | not reached | - | - |")
+    with open(path, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return "\n".join(rows)
+
+
+def plot(path, nanogpt_evals, reference, target, runs, curve_points=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot([e["t"] for e in nanogpt_evals if e["step"]], [e["val"] for e in nanogpt_evals if e["step"]], "--",
+            color="gray", label="nanoGPT (its own 20-batch val estimate)")
+    ax.plot([reference[0]], [target], "o", color="black", label="nanoGPT's final checkpoint, whole val.bin")
+    ax.axhline(target, color="black", lw=0.5)
+    ax.axvline(reference[0] / 2, color="black", lw=0.5, ls=":", label="half of nanoGPT's time")
+    for seed, points in runs.items():
+        ax.plot([p[0] for p in points], [p[3] for p in points], "s", label=f"this project, seed {seed}, whole val.bin")
+    if curve_points:
+        ax.plot([p[0] for p in curve_points], [p[3] for p in curve_points], "-o", ms=3,
+                label="this project, checkpoints along the way (their saves included)")
+    ax.set_xlabel("seconds since launch")
+    ax.set_ylabel("val loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def environment():
+    import torch
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        rev = os.path.join(ROOT, ".rev")  # a copy of the tree without .git may carry the commit here
+        commit = open(rev).read().strip() if os.path.exists(rev) else "unknown"
+    return dict(card=card, torch=torch.__version__, commit=commit)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--anchor", required=True, help="folder with karpathy/nanoGPT's train.py, model.py, configurator.py")
+    p.add_argument("--nanogpt_config", required=True, help="the benchmark's gcide_nanogpt.py")
+    p.add_argument("--corpus_script", required=True, help="the benchmark's make_corpus.py")
+    p.add_argument("--gcide", required=True, help="gcide.txt.gz")
+    p.add_argument("--ranks", default="", help="gpt2.tiktoken for make_corpus.py (default: its own default)")
+    p.add_argument("--config", default=os.path.join(ROOT, "config", "speedrun_gcide.py"))
+    p.add_argument("--seeds", default="1337,1,2")
+    p.add_argument("--out", default=os.path.join(ROOT, "out-speedrun-compare"))
+    p.add_argument("--curve", type=int, default=1, help="1: one more run saving checkpoints along the way")
+    p.add_argument("--curve_tokens", type=int, default=65536 * 40)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--skip_nanogpt", action="store_true", help="reuse --out's nanoGPT run")
+    p.add_argument("--extra", default="", help="more --key=value settings for this project's runs")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.abspath(a.out)
+    data = os.path.join(ROOT, "data", "gcide")
+    if not all(os.path.exists(os.path.join(data, f)) for f in ("train.bin", "val.bin")):
+        cmd = [sys.executable, a.corpus_script, "--input", a.gcide, "--out", data]
+        subprocess.run(cmd + (["--ranks", a.ranks] if a.ranks else []), check=True)
+    val = os.path.join(data, "val.bin")
+
+    # nanoGPT: its three files in a scratch folder, which its train.py runs in (it reads ./configurator.py
+    # and ./data/<dataset>/)
+    nano = os.path.join(out, "nanogpt")
+    if not a.skip_nanogpt:
+        shutil.rmtree(nano, ignore_errors=True)
+        os.makedirs(os.path.join(nano, "data"))
+        for f in ("train.py", "model.py", "configurator.py"):
+            shutil.copy(os.path.join(a.anchor, f), nano)
+        os.symlink(data, os.path.join(nano, "data", "gcide"))
+        run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out"],
+                        nano, os.path.join(out, "nanogpt.jsonl"))
+    nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, "nanogpt.jsonl")))]
+    nano_evals = parse_evals(nano_lines)
+    step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
+    reference = curve(nano_evals, [(step, tokens, target)])[0]
+
+    extra = a.extra.split()
+    runs, evals = {}, {}
+    for seed in [int(s) for s in a.seeds.split(",")]:
+        run = os.path.join(out, f"seed{seed}")
+        shutil.rmtree(run, ignore_errors=True)
+        lines = run_timestamped([sys.executable, "train.py", a.config, f"--seed={seed}", f"--out_dir={run}", *extra],
+                                ROOT, os.path.join(out, f"seed{seed}.jsonl"))
+        evals[seed] = parse_evals(lines)
+        runs[seed] = curve(evals[seed], [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))])
+    curve_points = None
+    if a.curve:
+        run = os.path.join(out, "curve")
+        shutil.rmtree(run, ignore_errors=True)
+        seed = int(a.seeds.split(",")[0])
+        lines = run_timestamped([sys.executable, "train.py", a.config, f"--seed={seed}", f"--out_dir={run}",
+                                 f"--ckpt_every_tokens={a.curve_tokens}", *extra], ROOT,
+                                os.path.join(out, "curve.jsonl"))
+        scores = [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))]
+        curve_points = curve(parse_evals(lines), scores)
+
+    table = write_table(os.path.join(out, "speedrun.md"), environment(), target, reference, runs)
+    plot(os.path.join(out, "speedrun.png"), nano_evals, reference, target, runs, curve_points)
+    with open(os.path.join(out, "speedrun.json"), "w") as f:
+        json.dump(dict(target=target, reference=reference, runs=runs, curve=curve_points, nanogpt_evals=nano_evals,
+                       evals=evals, env=environment()), f, indent=1)
+    print(table)
+    print(f"wrote {out}/speedrun.md, speedrun.png, speedrun.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""
+The speedrun comparison's pieces on the CPU: gpt/evaluation.py's whole-split loss against a direct
+computation, scripts/speedrun.py's timestamped runner, log parsing, table and plot, and the recipe
+(config/speedrun_gcide.py) training a tiny model through train.py with its checkpoint scored.
+"""
+import os
+import sys
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from test_resilience import data_dir, train  # noqa: F401 (data_dir is a fixture)
+
+from gpt.evaluation import full_split_loss
+from model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import speedrun  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [32 * 7 + 1, 32 * 7 + 10])  # windows that fill the file exactly, or a short last one
+def test_full_split_loss_is_every_token_once(tmp_path, n):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=50, dropout=0.0))
+    ids = np.random.default_rng(0).integers(0, 50, n).astype(np.uint16)
+    path = tmp_path / "val.bin"
+    ids.tofile(path)
+    got = full_split_loss(model, str(path), 32, 3, "cpu", nullcontext())
+    # directly: each window alone, the per-token losses of all of them, averaged
+    t = torch.from_numpy(ids.astype(np.int64))
+    losses = []
+    with torch.no_grad():
+        for s in range(0, n - 1, 32):
+            x, y = t[s:min(s + 32, n - 1)], t[s + 1:min(s + 33, n)]
+            logits, _ = model(x[None], y[None])
+            losses.append(F.cross_entropy(logits[0], y, reduction="none"))
+    per_token = torch.cat(losses)
+    assert per_token.numel() == n - 1
+    assert got == pytest.approx(per_token.double().mean().item(), rel=1e-6)
+    assert model.training  # left as it was found
+
+
+def test_runner_timestamps_lines_and_parses_both_trainers(tmp_path):
+    script = ("import time; print('step 0: train loss 10.9, val loss 10.95', flush=True); time.sleep(0.3); "
+              "print('step 50: train loss 6.1, val loss 6.2000, perplexity 492.7, 12.5s since launch')")
+    lines = speedrun.run_timestamped([sys.executable, "-c", script], str(tmp_path), tmp_path / "log.jsonl")
+    evals = speedrun.parse_evals(lines)
+    assert [(e["step"], e["val"], e["since_launch"]) for e in evals] == [(0, 10.95, None), (50, 6.2, 12.5)]
+    assert evals[1]["t"] - evals[0]["t"] >= 0.25
+    assert (tmp_path / "log.jsonl").read_text().count("\n") == 2
+    with pytest.raises(SystemExit, match="failed"):
+        speedrun.run_timestamped([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path), tmp_path / "x.jsonl")
+
+
+def test_time_to_target_table_and_plot(tmp_path):
+    evals = [dict(step=s, t=10.0 + s / 10, val=4 - s / 200) for s in (0, 100, 200, 260)]
+    points = speedrun.curve(evals, [(200, 2000, 2.60), (100, 1000, 2.9), (260, 2600, 2.50)])
+    assert points[0] == (20.0, 100, 1000, 2.9)
+    hit = speedrun.first_at_or_below(points, 2.55)
+    assert hit == (36.0, 260, 2600, 2.50)
+    reference = (123.5, 400, 26214400, 2.547)
+    env = dict(card="NVIDIA H100", torch="2.11", commit="abc123")
+    table = speedrun.write_table(tmp_path / "t.md", env, 2.547, reference, {1337: points, 1: points[:1]})
+    assert "| this project | 1337 | 2.5000 | 36.0 | 29% | 2,600 |" in table
+    assert "| this project | 1 | 2.9000 | not reached |" in table and "NVIDIA H100" in table
+    speedrun.plot(tmp_path / "p.png", evals, reference, 2.547, {1337: points}, points)
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa: F811
+    """config/speedrun_gcide.py through train.py on the CPU, shrunk: every switch and Muon on, one checkpoint
+    at the end, its eval line parsed and the checkpoint scored over the whole val.bin."""
+    out = tmp_path / "run"
+    r = train(data_dir, out, "config/speedrun_gcide.py", f"--out_dir={out}", "--device=cpu", "--dtype=float32",
+              "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
+              "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=6", "--checkpoint_interval=6", "--eval_iters=1",
+              "--warmup_iters=1", "--log_interval=1")
+    assert "cuda_graph: off" in r.stdout and "muon:" in r.stdout
+    evals = speedrun.parse_evals([(0.0, line) for line in r.stdout.splitlines()])
+    assert [e["step"] for e in evals] == [0, 6] and all(e["since_launch"] is not None for e in evals)
+    step, tokens, loss = speedrun.score(str(out / "ckpt.pt"), str(data_dir / "val.bin"), "cpu", batch_size=4)
+    assert step == 6 and tokens == 6 * 2 * 32 * 2 and 0 < loss < 10
