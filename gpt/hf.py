@@ -48,7 +48,7 @@ FIELDS = {
     "rope_theta": (None, "rope_theta"),  # llama: also rope_parameters['rope_theta'] (transformers 5)
 }
 # how the model is trained, not what it computes: never exported
-NOT_ARCHITECTURE = ("dropout", "fused_loss", "loss_chunk")
+NOT_ARCHITECTURE = ("dropout", "fused_loss", "loss_chunk", "zero_init_proj")  # zero_init_proj: an init
 # transformers fields that change the math but that our model computes one way only: export writes the
 # first value, import accepts the values listed and refuses any other with one error naming field and value
 FIXED = {
@@ -183,7 +183,7 @@ def llama_to_hf(model):
 
 
 # the speedrun's switches (docs/speedrun.md) that transformers' GPT-2 and Llama do not compute, with their
-# defaults; zero_init_proj is only how the weights start, so the export carries it exactly
+# defaults: export refuses them (zero_init_proj is only how the weights start: NOT_ARCHITECTURE)
 UNEXPORTABLE = {'qk_norm': False, 'mlp_act': 'gelu', 'logit_softcap': 0.0}
 
 

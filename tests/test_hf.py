@@ -107,7 +107,7 @@ CASES = {
 
 def test_every_config_field_is_mapped_and_exercised():
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    unmapped = fields - set(hf.FIELDS) - set(hf.NOT_ARCHITECTURE)
+    unmapped = fields - set(hf.FIELDS) - set(hf.NOT_ARCHITECTURE) - set(hf.UNEXPORTABLE)  # those: refused
     assert not unmapped, f"GPTConfig fields with no transformers mapping in gpt/hf.py's FIELDS: {unmapped}"
     assert not set(hf.FIELDS) & set(hf.NOT_ARCHITECTURE) and set(hf.FIELDS) | set(hf.NOT_ARCHITECTURE) <= fields
     defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
