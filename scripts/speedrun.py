@@ -144,12 +144,12 @@ def plot(path, nanogpt_evals, reference, target, runs, curve_points=None):
 def environment():
     import torch
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    try:
+    rev = os.path.join(ROOT, ".rev")  # a copy of the tree sent to a GPU machine carries its commit here
+    if os.path.exists(rev):
+        commit = open(rev).read().strip()
+    else:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rev = os.path.join(ROOT, ".rev")  # a copy of the tree without .git may carry the commit here
-        commit = open(rev).read().strip() if os.path.exists(rev) else "unknown"
+                                text=True).stdout.strip() or "unknown"
     return dict(card=card, torch=torch.__version__, commit=commit)
 
 
