@@ -4,6 +4,7 @@
 # seconds from launch to the end of training, the step time and the full val loss. No nanoGPT run: compare
 # against its score from scripts/speedrun.py (the comparison itself).
 #   $ bash scripts/speedrun_sweep.sh "--max_iters=120" "--max_iters=150 --compile=True"   (logs under $OUT)
+# SCORE=0 skips the scoring (for timing variants only).
 set -uo pipefail
 out=${OUT:-bench-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -24,7 +25,9 @@ d, log, extra, wall = sys.argv[1:]
 text = open(log).read()
 steps = [float(x) for x in re.findall(r"^iter \d+: .*?time ([\d.]+)ms", text, re.M)][2:]
 end = re.findall(r"step \d+: .*?([\d.]+)s since launch", text)[-1]
-it, tokens, loss = speedrun.score(f"{d}/ckpt.pt", "data/gcide/val.bin", "cuda")
+import os
+it, tokens, loss = (speedrun.score(f"{d}/ckpt.pt", "data/gcide/val.bin", "cuda") if os.environ.get("SCORE", "1") != "0"
+                    else (0, 0, float("nan")))
 print(f"{extra:45s} steps {it:4d} ({tokens:,} tokens): full val {loss:.4f}; last eval at {end} s, "
       f"process {wall} s; median step {sorted(steps)[len(steps) // 2] if steps else float('nan'):.1f} ms")
 EOF
