@@ -93,6 +93,11 @@ min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinch
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
+ddp_reduce_dtype = 'float32'  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
+ddp_bucket_mb = 25.0  # DDP all-reduces gradients in buckets of this many MB, each as soon as the backward fills it
+ddp_bucket_view = False  # DDP's gradient_as_bucket_view: gradients are views into the buckets (no copies)
+ddp_static_graph = False  # DDP's static_graph: the same parameters get gradients every step
+fsdp_reshard_after_forward = True  # fsdp: free gathered weights after each block's forward (less memory, slower)
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
@@ -209,7 +214,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
-model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type))
+model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type),
+                         ddp_reduce_dtype, ddp_bucket_mb, ddp_bucket_view, ddp_static_graph, fsdp_reshard_after_forward)
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
