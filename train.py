@@ -97,7 +97,7 @@ ddp_reduce_dtype = 'float32'  # gradients summed over the GPUs in 'float32' (exa
 ddp_bucket_mb = 25.0  # DDP all-reduces gradients in buckets of this many MB, each as soon as the backward fills it
 ddp_bucket_view = False  # DDP's gradient_as_bucket_view: gradients are views into the buckets (no copies)
 ddp_static_graph = False  # DDP's static_graph: the same parameters get gradients every step
-fsdp_reshard_after_forward = True  # fsdp: free gathered weights after each block's forward (less memory, slower)
+fsdp_reshard_after_forward = True  # fsdp: False keeps gathered weights through a step: faster, more memory
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so

@@ -45,8 +45,9 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     overlap the backward pass); bucket_view, gradients are views into the buckets (no copy in or out, less
     memory); static_graph, DDP's static_graph=True (the same parameters get gradients every step).
     FSDP2 only: reshard_after_forward, free each block's gathered weights after its forward and gather them
-    again for the backward (less memory) or keep them to the backward (one all-gather per block and
-    micro-step instead of two: faster where the whole model fits, as GPT-2 124M does)."""
+    again for the backward (least memory), or keep them gathered through the step's micro-steps and reshard
+    after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
+    bf16 weights fit a GPU whole, as GPT-2 124M's do)."""
     if reduce_dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown ddp_reduce_dtype '{reduce_dtype}': use float32 or bfloat16")
     if not bucket_mb > 0:
@@ -78,6 +79,7 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     # embeddings, final norm and the (tied) head; the root's weights are needed again first in the backward
     # pass (the head), so FSDP2 keeps them gathered whatever reshard_after_forward says
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    model.keep_gathered_while_accumulating = not reshard_after_forward  # read by set_gradient_sync
     return model
 
 
@@ -118,6 +120,11 @@ def set_gradient_sync(model, sync):
         model.require_backward_grad_sync = sync or first
     elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
         model.set_requires_gradient_sync(sync)
+        if getattr(model, "keep_gathered_while_accumulating", False):
+            # reshard_after_forward=False: also keep the gathered weights from one micro-step's backward to
+            # the next one's forward, resharding only after the last: one all-gather a step, as DDP's one
+            # all-reduce, instead of one per block and micro-step
+            model.set_reshard_after_backward(sync)
 
 
 def unwrap(model):
