@@ -50,16 +50,19 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     bf16 weights fit a GPU whole, as GPT-2 124M's do)."""
     if reduce_dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown ddp_reduce_dtype '{reduce_dtype}': use float32 or bfloat16")
-    if not bucket_mb > 0:
-        raise UserError(f"ddp_bucket_mb must be positive (got {bucket_mb})")
+    if not bucket_mb > 0 or (compile and parallelism == "ddp" and bucket_mb < 1):
+        raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
+                        f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
     if parallelism == "ddp":
         if compile:
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
         if not (dist.is_available() and dist.is_initialized()):
             return model
-        ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, bucket_cap_mb=bucket_mb,
-                  gradient_as_bucket_view=bucket_view, static_graph=static_graph)
+        # bucket_cap_mb only when not PyTorch's 25: given, DDP also makes its first bucket that size (1 MB else)
+        sizes = {} if bucket_mb == 25 else dict(bucket_cap_mb=bucket_mb)
+        ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+                  gradient_as_bucket_view=bucket_view, static_graph=static_graph, **sizes)
         if reduce_dtype == "bfloat16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
         return ddp
