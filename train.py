@@ -94,9 +94,8 @@ backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
 ddp_reduce_dtype = 'float32'  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
-ddp_bucket_mb = 25.0  # DDP all-reduces gradients in buckets of this many MB, each as soon as the backward fills it
-ddp_bucket_view = False  # DDP's gradient_as_bucket_view: gradients are views into the buckets (no copies)
-ddp_static_graph = False  # DDP's static_graph: the same parameters get gradients every step
+# DDP's bucket_cap_mb (a bucket's all-reduce starts once the backward fills it), gradient_as_bucket_view, static_graph
+ddp_bucket_mb, ddp_bucket_view, ddp_static_graph = 25.0, False, False
 fsdp_reshard_after_forward = True  # fsdp: False keeps gathered weights through a step: faster, more memory
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
