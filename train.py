@@ -101,6 +101,10 @@ muon_lr, muon_momentum, muon_weight_decay = 0.0, 0.95, 0.0
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
+ddp_reduce_dtype = 'float32'  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
+# DDP's bucket_cap_mb (a bucket's all-reduce starts once the backward fills it), gradient_as_bucket_view, static_graph
+ddp_bucket_mb, ddp_bucket_view, ddp_static_graph = 25.0, False, False
+fsdp_reshard_after_forward = True  # fsdp: False keeps gathered weights through a step: faster, more memory
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
@@ -215,7 +219,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
-model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type))
+model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type),
+                         ddp_reduce_dtype, ddp_bucket_mb, ddp_bucket_view, ddp_static_graph, fsdp_reshard_after_forward)
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones

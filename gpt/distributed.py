@@ -33,29 +33,72 @@ def init_process(device, backend, timeout_minutes):
     return True, rank, local_rank, world_size, device
 
 
-def wrap(model, parallelism, device_type, local_rank, dtype, compile=False):
-    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded."""
+def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=25.0,
+         bucket_view=False, static_graph=False, reshard_after_forward=True):
+    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded.
+
+    reduce_dtype: the dtype gradients are summed in over the GPUs, 'float32' (exact, the default) or
+    'bfloat16' (half the bytes on the wire: a DDP communication hook like torch's bf16_compress_hook,
+    FSDP2's reduce_dtype).
+    DDP only: bucket_mb, gradients are all-reduced in buckets of about this many MB (DDP's bucket_cap_mb;
+    torch.compile's DDPOptimizer splits the compiled graph at the same boundaries so the buckets' reductions
+    overlap the backward pass); bucket_view, gradients are views into the buckets (no copy in or out, less
+    memory); static_graph, DDP's static_graph=True (the same parameters get gradients every step).
+    FSDP2 only: reshard_after_forward, free each block's gathered weights after its forward and gather them
+    again for the backward (least memory), or keep them gathered through the step's micro-steps and reshard
+    after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
+    bf16 weights fit a GPU whole, as GPT-2 124M's do)."""
+    if reduce_dtype not in ("float32", "bfloat16"):
+        raise UserError(f"unknown ddp_reduce_dtype '{reduce_dtype}': use float32 or bfloat16")
+    if not bucket_mb > 0 or (compile and parallelism == "ddp" and bucket_mb < 1):
+        raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
+                        f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
     if parallelism == "ddp":
         if compile:
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
         if not (dist.is_available() and dist.is_initialized()):
             return model
-        return DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+        # bucket_cap_mb only when not PyTorch's 25: given, DDP also makes its first bucket that size (1 MB else)
+        sizes = {} if bucket_mb == 25 else dict(bucket_cap_mb=bucket_mb)
+        ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+                  gradient_as_bucket_view=bucket_view, static_graph=static_graph, **sizes)
+        if reduce_dtype == "bfloat16":
+            ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
+        return ddp
     if parallelism != "fsdp":
         raise UserError(f"unknown parallelism '{parallelism}': use ddp or fsdp")
     if not (dist.is_available() and dist.is_initialized()):
         raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    # compute in the run's dtype; reduce gradients in float32, as DDP does (bf16 sums of many ranks lose bits)
+    # compute in the run's dtype; reduce gradients in float32 by default, as DDP does (bf16 sums of many
+    # ranks lose bits)
     param_dtype = getattr(torch, dtype) if dtype != "float32" else None
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=getattr(torch, reduce_dtype))
     for block in model.transformer.h:
         if compile:
             block.compile()  # in place, per block: keeps parameter names and the FSDP units intact
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)  # embeddings, final norm and the (tied) head
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    # embeddings, final norm and the (tied) head; the root's weights are needed again first in the backward
+    # pass (the head), so FSDP2 keeps them gathered whatever reshard_after_forward says
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    model.keep_gathered_while_accumulating = not reshard_after_forward  # read by set_gradient_sync
     return model
+
+
+def bf16_allreduce_hook(group, bucket):
+    """A DDP communication hook: each bucket of gradients is rounded to bfloat16, divided by the number of
+    ranks, summed over them in bfloat16 (half the bytes of float32 on the wire), and written back as float32.
+    What torch's bf16_compress_hook does; ours also runs on gloo (CPU tests), where torch's refuses to."""
+    group = group or dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(group.size())
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
 def rank_zero_first(load):
@@ -74,9 +117,17 @@ def set_gradient_sync(model, sync):
     """Reduce gradients on this micro-step or not: only on the last micro-step of gradient accumulation,
     one reduction per step. (FSDP then keeps unsharded gradients between micro-steps, in the compute dtype.)"""
     if isinstance(model, DDP):
-        model.require_backward_grad_sync = sync
+        # static_graph: DDP records the graph in its first backward pass, which fails under no_sync; that one
+        # micro-step reduces too (the first step's gradients are then the same sum, up to rounding)
+        first = model.static_graph and not getattr(model, "_static_graph_delay_allreduce_enqueued", True)
+        model.require_backward_grad_sync = sync or first
     elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
         model.set_requires_gradient_sync(sync)
+        if getattr(model, "keep_gathered_while_accumulating", False):
+            # reshard_after_forward=False: also keep the gathered weights from one micro-step's backward to
+            # the next one's forward, resharding only after the last: one all-gather a step, as DDP's one
+            # all-reduce, instead of one per block and micro-step
+            model.set_reshard_after_backward(sync)
 
 
 def unwrap(model):

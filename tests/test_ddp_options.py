@@ -1,0 +1,95 @@
+"""
+The DDP and FSDP2 options of gpt/distributed.wrap on the CPU, two processes with gloo, float32: bucket size,
+gradients as bucket views and static_graph change no loss; bfloat16 gradient reduction changes them a
+little; FSDP2 without resharding after the forward computes what it does with; a wrong value is one line.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from gpt.data import write_shard  # noqa: E402
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+# 4 micro-steps, 2 per rank: a micro-step without gradient sync, then one with it
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=4,
+            eval_interval=100, eval_iters=1, warmup_iters=2, lr_decay_iters=6, learning_rate=3e-3, dropout=0.0,
+            compile=False, device="cpu", dtype="float32", log_interval=1, max_iters=6, checkpoint_interval=-1)
+
+
+def train(data, out_dir, nproc=2, **kw):
+    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
+    cmd = (TORCHRUN if nproc == 2 else [sys.executable]) + ["train.py", f"--data_dir={data}", f"--out_dir={out_dir}",
+                                                            *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [row["loss"] for row in map(json.loads, f) if row["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp_options")
+    data = tmp / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    ids = (np.arange(40000) * 7 + (rng.random(40000) < 0.1) * rng.integers(0, 16, 40000)) % 16
+    write_shard(data / "t_val_000000.bin", ids[:8000])
+    write_shard(data / "t_train_000001.bin", ids[8000:])
+    (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16,
+                                                "itos": list("abcdefghijklmn \n")}))
+    settings = {
+        "ddp": {},
+        # buckets of ~4 KB: several all-reduces a step instead of one; gradients as views into them
+        "ddp_buckets": dict(ddp_bucket_mb=0.004, ddp_bucket_view=True),
+        "ddp_static": dict(ddp_static_graph=True),
+        "ddp_bf16": dict(ddp_reduce_dtype="bfloat16"),
+        "fsdp": dict(parallelism="fsdp"),
+        "fsdp_keep": dict(parallelism="fsdp", fsdp_reshard_after_forward=False),
+    }
+    out = {}
+    for name, kw in settings.items():
+        r = train(data, tmp / name, **kw)
+        assert r.returncode == 0, name + ":\n" + r.stdout[-2000:] + r.stderr[-3000:]
+        out[name] = losses(tmp / name)
+        assert len(out[name]) == TINY["max_iters"], name
+    out["data"], out["tmp"] = data, tmp
+    return out
+
+
+def test_bucket_size_and_views_change_no_loss(runs):
+    assert runs["ddp_buckets"] == runs["ddp"]  # bitwise: each gradient element is the same sum of two ranks
+
+
+def test_static_graph_computes_the_same(runs):
+    # its first micro-step reduces too (DDP needs it), so the first step's sum is rounded differently
+    np.testing.assert_allclose(runs["ddp_static"], runs["ddp"], rtol=0, atol=1e-6)
+
+
+def test_bf16_reduction_is_close_but_not_exact(runs):
+    # gradients rounded to bf16 (8 bits of mantissa) before the sum: the losses drift apart a little
+    np.testing.assert_allclose(runs["ddp_bf16"], runs["ddp"], rtol=0, atol=2e-2)
+    assert runs["ddp_bf16"][0] == runs["ddp"][0]  # the first loss comes before any update
+    assert runs["ddp_bf16"] != runs["ddp"]
+
+
+def test_fsdp_without_reshard_computes_the_same(runs):
+    assert runs["fsdp_keep"] == runs["fsdp"]
+    np.testing.assert_allclose(runs["fsdp"], runs["ddp"], rtol=0, atol=1e-5)
+
+
+def test_wrong_values_are_one_error_line(runs):
+    for kw, words in ((dict(ddp_reduce_dtype="float16"), "ddp_reduce_dtype 'float16'"),
+                      (dict(ddp_bucket_mb=0), "ddp_bucket_mb must be positive")):
+        r = train(runs["data"], runs["tmp"] / "bad", nproc=1, **kw)
+        assert r.returncode == 2, r.stderr[-2000:]
+        lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and words in lines[0], r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
