@@ -354,7 +354,7 @@ while True:
         if nonfinite_in_a_row >= max_nonfinite_steps:
             raise errors.UserError(
                 f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
-                f"(max_nonfinite_steps={max_nonfinite_steps}); the last good checkpoint is in {out_dir}. "
+                f"(max_nonfinite_steps={max_nonfinite_steps}); {checkpoint.last_good(out_dir)}. "
                 f"Try a lower learning_rate, dtype=bfloat16, or check the data")
 
     # timing and logging
