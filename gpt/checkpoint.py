@@ -187,7 +187,7 @@ def load_checkpoint(path):
                         f"memory or copy error); {way_back(path)}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
         refused = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
         if refused:
             raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
