@@ -133,10 +133,14 @@ sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every ran
 gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
                                                          block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
+if master_process:
+    checkpoint.check_out_dir(out_dir)
+# a resumed run's model is its checkpoint's: shape settings that differ are refused, its block_size the default
+resumed = checkpoint.load_for_resume(out_dir, parallelism) if init_from == 'resume' else None
+block_size = checkpoint.resume_shape(resumed, config, _defaults) if resumed else block_size
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
-    checkpoint.check_out_dir(out_dir)
 # a token budget (max_tokens, warmup_tokens, lr_decay_tokens) in iterations, now that their size is known
 max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, _defaults, master_process)
 if ckpt_every_tokens and sharded:
@@ -150,7 +154,6 @@ data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_pr
 meta_vocab_size = meta['vocab_size'] if meta else None
 
 # model init
-resumed = None  # the checkpoint a resumed run starts from
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
                   dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
                   tie_embeddings=tie_embeddings)  # start with model_args from command line
@@ -165,7 +168,6 @@ if init_from == 'scratch':
         model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
     # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
-    resumed = checkpoint.load_for_resume(out_dir, parallelism)
     model = checkpoint.model_for_resume(resumed, dropout)
 else:
     print(f"Initializing from pretrained weights: {init_from}")
@@ -178,6 +180,7 @@ elif block_size > model.config.block_size:
                            f"({init_from}): use --block_size={model.config.block_size} or less")
 model.config.fused_loss = fused_loss
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
+config.update({k: getattr(model.config, k) for k in config if hasattr(model.config, k)})  # the config that runs
 model.to(device)
 vocab_size = model.config.vocab_size
 if meta_vocab_size and meta_vocab_size > vocab_size:

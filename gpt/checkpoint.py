@@ -338,6 +338,29 @@ def load_for_resume(out_dir, parallelism):
     return {**ckpt, 'path': path, 'sharded': sharded}
 
 
+SHAPE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'family', 'n_kv_head', 'mlp_hidden', 'rope_theta',
+              'tie_embeddings')  # the settings that make a model's shape: a resumed model keeps its own
+
+
+def resume_shape(ckpt, config, defaults):
+    """A resumed run's model is the checkpoint's: shape settings this run sets (those in `config` that differ
+    from `defaults`, train.py's) must agree with it, or it is one line. Puts the checkpoint's shape into
+    `config`, so the run records what runs, and returns the block_size to train with: the checkpoint's when
+    the run gives none (a smaller one crops the model)."""
+    saved = {k: ckpt['model_args'].get(k, getattr(GPTConfig, k)) for k in SHAPE_KEYS + ('block_size',)}
+    differ = [k for k in SHAPE_KEYS if config[k] != defaults[k] and config[k] != saved[k]]
+    if differ:
+        raise UserError(f"the checkpoint {ckpt['path']} is a {saved['n_layer']}-layer, {saved['n_embd']}-wide "
+                        f"model; a resumed model keeps its shape, but this run sets "
+                        + ", ".join(f"{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
+                        + ": leave " + ("it" if len(differ) == 1 else "them") + " out, or train a new model "
+                        "in another out_dir")
+    if config['block_size'] == defaults['block_size']:
+        config['block_size'] = saved['block_size']
+    config.update({k: saved[k] for k in SHAPE_KEYS})
+    return config['block_size']
+
+
 def model_for_resume(ckpt, dropout):
     """The model of a resumed run: the checkpoint's shape (GPT-2 where it names no family), this run's
     dropout; with the checkpoint's weights, except for a sharded one (restore loads those)."""
