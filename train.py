@@ -13,15 +13,18 @@ import time
 
 _launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
 
+from gpt import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/errors.py)
+
+errors.install()
+
 import math
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import checkpoint, distributed, errors, hardware, schedule, stepgraph
+from gpt import checkpoint, distributed, errors, hardware, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -106,22 +109,11 @@ fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) 
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
 # -----------------------------------------------------------------------------
-errors.install()
 _defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from the command line or a config file
 # -----------------------------------------------------------------------------
 
-# check what the configurator cannot: values that are the right type but make no sense
-if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
-    raise errors.UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
-                           f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
-if eval_iters <= 0 or eval_interval <= 0:
-    raise errors.UserError(f"eval_iters and eval_interval must be positive (got {eval_iters}, {eval_interval})")
-if not 0 < sample_top_p <= 1:
-    raise errors.UserError(f"sample_top_p must be in (0, 1], not {sample_top_p} (1: no nucleus cut)")
-if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 or max_iters < 0:
-    raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
-                           "positive, max_iters not negative")
+settings.check_train(config)  # values that are the right type but make no sense: one line each
 
 # various inits, derived attributes, I/O setup; under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
