@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import checkpoint, distributed, errors, hardware, schedule, settings, stepgraph
+from gpt import checkpoint, distributed, errors, hardware, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -125,8 +125,8 @@ sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every ran
 gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
                                                          block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
-if master_process:
-    checkpoint.check_out_dir(out_dir)
+if master_process:  # out_dir: writable, locked for this run, an earlier run's files moved aside by a new one
+    rundir.claim(out_dir, fresh=init_from != 'resume')
 # a resumed run's model is its checkpoint's: shape settings that differ are refused, its block_size the default
 resumed = checkpoint.load_for_resume(out_dir, parallelism) if init_from == 'resume' else None
 block_size = checkpoint.resume_shape(resumed, config, _defaults) if resumed else block_size

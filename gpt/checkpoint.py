@@ -75,16 +75,6 @@ def write_failure(e):
     return None
 
 
-def check_out_dir(out_dir):
-    """Fail before training, not at the first save, when checkpoints cannot be written."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another --out_dir")
-
-
 def gather_rng_states():
     """Every rank's random state, in rank order (every rank must call this)."""
     if not (dist.is_available() and dist.is_initialized()):

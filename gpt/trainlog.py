@@ -1,5 +1,6 @@
 """
-The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes.
+The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes. A new
+run never appends to an earlier run's log: gpt/rundir.py moves that one aside before the run starts.
 
 Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval steps), with stable keys:
     step, tokens, time (seconds since the run's first launch), kind,
