@@ -172,7 +172,7 @@ elif block_size > model.config.block_size:
                            f"({init_from}): use --block_size={model.config.block_size} or less")
 model.config.fused_loss = fused_loss
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
-config.update({k: getattr(model.config, k) for k in config if hasattr(model.config, k)})  # the config that runs
+config.update({k: v for k, v in model_args.items() if k in config})  # the config records the model that runs
 model.to(device)
 vocab_size = model.config.vocab_size
 if meta_vocab_size and meta_vocab_size > vocab_size:
@@ -389,3 +389,4 @@ while True:
 log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
 if torchrun:
     dist.destroy_process_group()
+checkpoint.check_last_save(out_dir)  # a run whose last save failed does not end with status 0

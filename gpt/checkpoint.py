@@ -27,6 +27,7 @@ TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, w
 # and the step of the last evaluation whose val loss was not finite (None: it was, or there was none)
 _last_good = None
 _nonfinite_eval_at = None
+_save_failed = None  # why this process's last save failed, or None: it did not
 # prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -44,23 +45,36 @@ def clean_state_dict(state_dict):
 
 
 def save_checkpoint(ckpt, path):
-    """Write atomically; on failure (disk full, read-only folder) say so and keep the previous file.
-    Returns whether the save succeeded."""
+    """Write atomically; on failure (disk full, quota, read-only, I/O error) say so in one line and keep the
+    previous file. Returns whether the save succeeded."""
+    global _save_failed
     # temp files of saves that a crash or kill -9 cut short would otherwise pile up, each a whole checkpoint
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):
         if stale.startswith(name + ".") and stale.endswith(".tmp"):
-            os.remove(os.path.join(folder, stale))
+            try:
+                os.remove(os.path.join(folder, stale))
+            except OSError:
+                pass  # a read-only folder: the save below says so
     try:
         with atomic_write(path) as f:
             torch.save(ckpt, f)
+        _save_failed = None
         return True
     except (OSError, RuntimeError) as e:
         reason = write_failure(e)
         if reason is None:
             raise  # not a failure to write: a bug, with its traceback
         print(f"error: could not save checkpoint to {path} ({reason}); the previous checkpoint is kept")
+        _save_failed = f"{path}: {reason}"
         return False
+
+
+def check_last_save(out_dir):
+    """At the end of a run: one error line (status 2) when its last save failed, so that no script takes the
+    run for complete."""
+    if _save_failed:
+        raise UserError(f"the run's last checkpoint could not be saved ({_save_failed}); {last_good(out_dir)}")
 
 
 def write_failure(e):

@@ -29,7 +29,7 @@ except ImportError:  # Windows: no flock
 LOCK_NAME = "run.lock"
 # what belongs to a run: its log and checkpoints (ckpt-<iter>.pt, ckpt-tok....pt, fsdp's ckpt_dcp/)
 RUN_FILES = ("log.jsonl", "ckpt.pt", "ckpt_dcp", "ckpt_dcp.old")
-_held = None  # the lock file, open and locked until the process ends
+_held = None  # (descriptor, path) of the lock file, open and locked until the process ends
 
 
 def claim(out_dir, fresh):
@@ -57,35 +57,34 @@ def hold(out_dir):
     if fcntl is None:
         return
     path = os.path.join(out_dir, LOCK_NAME)
-    while True:
-        f = open(path, "a+")
+    while True:  # plain file descriptors: nothing buffered that a full disk could fail to flush at exit
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            f.seek(0)
-            holder = f.read().strip()
-            f.close()
+            holder = os.read(fd, 1000).decode(errors="replace").strip()
+            os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise UserError(f"out_dir {out_dir} is in use by another run ({holder or 'just starting'}; lock "
                                 f"{path}): wait for it to end, stop it, or choose another --out_dir")
             print(f"note: cannot lock {path} ({e.strerror or e}): nothing keeps a second run out of {out_dir}")
             return
         try:
-            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                break  # the file at `path`, not one a run that just ended had removed
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break  # the file at `path`, not one that a run which just ended had removed
         except FileNotFoundError:
             pass
-        f.close()
-    f.seek(0)
-    previous = f.read().strip()
+        os.close(fd)
+    previous = os.read(fd, 1000).decode(errors="replace").strip()
     if previous:
         print(f"note: taking over {path} from a run that ended without releasing it ({previous})")
-    f.seek(0)
-    f.truncate()
-    f.write(f"PID {os.getpid()} on host {socket.gethostname()}, since "
-            f"{datetime.datetime.now().isoformat(timespec='seconds')}\n")
-    f.flush()
-    _held = f
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}, since "
+                      f"{datetime.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
+    except OSError:
+        pass  # a full disk: the lock holds all the same, without the holder's name
+    _held = (fd, path)
     atexit.register(release)
 
 
@@ -94,11 +93,12 @@ def release():
     sees that it is no longer at its path, and tries again)."""
     global _held
     if _held is not None:
+        fd, path = _held
         try:
-            os.remove(_held.name)
+            os.remove(path)
         except OSError:
             pass
-        _held.close()  # closing drops the flock
+        os.close(fd)  # closing drops the flock
         _held = None
 
 

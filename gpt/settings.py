@@ -37,9 +37,6 @@ def check_train(c):
             ('beta2', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('warmup_iters', lambda v: v >= 0, "0 or more"), ('max_nonfinite_steps', *positive),
             ('keep_checkpoints', lambda v: v >= 0, "0 or more")], c)
-    if c['n_embd'] % c['n_head']:
-        raise UserError(f"n_embd={c['n_embd']} is not divisible by n_head={c['n_head']}: each head gets "
-                        f"n_embd / n_head channels")
 
 
 def check_sample(c):
