@@ -29,7 +29,7 @@ from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
-from gpt.tokenizer import get_tokenizer
+from gpt.tokenizer import check_data_for_model, get_tokenizer
 from gpt.trainlog import TrainLog, start_wandb, step_line
 from model import GPT, GPTConfig
 
@@ -175,6 +175,7 @@ model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT'
 config.update({k: v for k, v in model_args.items() if k in config})  # the config records the model that runs
 model.to(device)
 vocab_size = model.config.vocab_size
+check_data_for_model(meta, init_from, resumed, dataset)  # the data's tokenizer must be the model's
 if meta_vocab_size and meta_vocab_size > vocab_size:
     raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
                            f"{vocab_size}: the data and the model use different tokenizers")

@@ -200,6 +200,8 @@ CASES += [
     ("config_file_raises", "train.py",
      lambda tmp, s: [config_file(tmp, "raises.py", "import math\nbatch_size = 1 // 0\n")],
      ["raises.py", "line 2", "ZeroDivisionError"]),
+    ("gpt2_model_on_character_data", "train.py", lambda tmp, s: [f"--init_from={s.pretrained()}", "--block_size=16"],
+     ["characters, 16 of them", "GPT-2 BPE", "data/shakespeare/prepare.py"]),
     ("sample_top_k_negative", "sample.py", lambda tmp, s: [f"--out_dir={s.checkpoint()}", "--top_k=-5"],
      ["top_k=-5"]),
     ("sample_prompt_not_utf8", "sample.py",
