@@ -79,3 +79,12 @@ def test_checkpoints_without_a_zip_still_load(tmp_path):
     """nanoGPT's checkpoints are zip files too; the legacy (pre-zip) format has no CRCs and still loads."""
     torch.save(ckpt(3), tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
     assert same(load_checkpoint(str(tmp_path / "legacy.pt")), ckpt(3))
+
+
+def test_an_unsafe_checkpoint_names_what_was_refused_not_torchs_advice(tmp_path):
+    import argparse
+    torch.save({**ckpt(1), "args": argparse.Namespace(lr=1.0)}, tmp_path / "ckpt.pt")
+    with pytest.raises(UserError) as e:
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert "unsafe" in str(e.value) and "argparse.Namespace" in str(e.value) and "could run code" in str(e.value)
+    assert "weights_only" not in str(e.value) and "Re-running" not in str(e.value)
