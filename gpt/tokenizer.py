@@ -276,8 +276,11 @@ def check_data_for_model(data_meta, init_from, resumed, dataset):
     for that model. A new model (init_from=scratch) takes the data's."""
     if init_from == "scratch" or (resumed is not None and "dataset_meta" not in resumed):
         return
-    model_meta = resumed["dataset_meta"] if resumed is not None else (
-        folder_meta(init_from) if os.path.isdir(init_from) else None)
+    try:
+        model_meta = resumed["dataset_meta"] if resumed is not None else (
+            folder_meta(init_from) if os.path.isdir(init_from) else None)
+    except UserError:
+        return  # a folder whose tokenizer cannot be known: nothing to compare (the vocabulary check remains)
     model_from = resumed["path"] if resumed is not None else init_from
     if same_tokenizer(data_meta, model_meta) is not False:
         return

@@ -190,6 +190,14 @@ def binary_prompt(tmp):
     return path
 
 
+def other_characters(tmp):
+    """A dataset like the shared one, its 16 ids meaning other characters."""
+    folder = write_dataset(os.path.join(tmp, "d"), good_ids(4000), good_ids(1000, seed=1), meta=False)
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump({"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": ITOS[::-1]}, f)
+    return folder
+
+
 # values of the right type that make no sense, config files that break, prompts that are not text (issue 15)
 CASES += [
     ("dropout_above_1", "train.py", lambda tmp, s: ["--dropout=1.5"], ["dropout=1.5", "below 1"]),
@@ -200,8 +208,9 @@ CASES += [
     ("config_file_raises", "train.py",
      lambda tmp, s: [config_file(tmp, "raises.py", "import math\nbatch_size = 1 // 0\n")],
      ["raises.py", "line 2", "ZeroDivisionError"]),
-    ("gpt2_model_on_character_data", "train.py", lambda tmp, s: [f"--init_from={s.pretrained()}", "--block_size=16"],
-     ["characters, 16 of them", "GPT-2 BPE", "data/shakespeare/prepare.py"]),
+    ("resume_on_other_characters", "train.py",
+     lambda tmp, s: ["--init_from=resume", f"--out_dir={s.checkpoint()}", f"--data_dir={other_characters(tmp)}"],
+     ["characters, 16 of them", "data/shakespeare_char/prepare.py"]),
     ("sample_top_k_negative", "sample.py", lambda tmp, s: [f"--out_dir={s.checkpoint()}", "--top_k=-5"],
      ["top_k=-5"]),
     ("sample_prompt_not_utf8", "sample.py",

@@ -21,7 +21,8 @@ def resumed(meta):
 
 
 def test_character_data_for_a_gpt2_model_is_refused(tmp_path):
-    for init_from in ("gpt2", str(tmp_path)):  # a transformers folder without tokenizer.json is GPT-2's
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 50257}')
+    for init_from in ("gpt2", str(tmp_path)):  # a GPT-2 folder without tokenizer.json is GPT-2 BPE
         with pytest.raises(UserError) as e:
             check_data_for_model(CHAR, init_from, None, "shakespeare_char")
         assert str(e.value).startswith(f"dataset shakespeare_char is tokenized with characters, 3 of them, but the "
@@ -58,7 +59,7 @@ def test_a_gpt2_folders_tokenizer_json_is_gpt2(tmp_path, gpt2_ranks_path):
     """A GPT-2 folder written by transformers holds GPT-2's BPE as tokenizer.json: GPT-2 data is right for it."""
     from gpt.hf import hf_tokenizer
     from gpt.tokenizer import Tokenizer
-    hf_tokenizer(Tokenizer("gpt2"), 1024).save_pretrained(tmp_path)
+    hf_tokenizer(Tokenizer("gpt2"), 1024, 50257).save_pretrained(tmp_path)
     check_data_for_model(GPT2, str(tmp_path), None, "owt")
     check_data_for_model(None, str(tmp_path), None, "owt")
     with pytest.raises(UserError, match=f"--tokenizer={tmp_path}/tokenizer.json"):
