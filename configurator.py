@@ -50,9 +50,23 @@ def _run_config_file(path, config):
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
     scope = dict(config)
-    with open(path) as f:
-        code = compile(f.read(), path, "exec")
-    exec(code, scope)
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+    except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)}")
+    try:
+        exec(code, scope)
+    except UserError:
+        raise
+    except Exception as e:
+        tb, line = e.__traceback__, None
+        while tb is not None:  # the last line of the file itself that the error passed through
+            line = tb.tb_lineno if tb.tb_frame.f_code.co_filename == path else line
+            tb = tb.tb_next
+        raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "")
+                        + f": {type(e).__name__}: {e}")
     overrides = {}
     for key, value in scope.items():
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):

@@ -3,6 +3,10 @@ Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 wei
 $ python sample.py --out_dir=out-shakespeare-char
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
 """
+from gpt import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/errors.py)
+
+errors.install()
+
 import os
 import sys
 
@@ -10,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt import errors, generation, hardware
+from gpt import errors, generation, hardware, settings
 from gpt.checkpoint import load_model
 from gpt.tokenizer import folder_meta, get_tokenizer
 
@@ -29,8 +33,7 @@ device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
 compile = False  # compile the one-token decode step: ~10% faster per token, after ~10-20 s of compiling
 # -----------------------------------------------------------------------------
-errors.install()
-configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
+settings.check_sample(configurator.apply(globals(), sys.argv[1:]))  # overrides from command line or config file
 # -----------------------------------------------------------------------------
 
 if not 0 < top_p <= 1:
@@ -67,8 +70,11 @@ if start.startswith('FILE:'):
     prompt_path = start[5:]
     if not os.path.isfile(prompt_path):
         raise errors.UserError(f"prompt file {prompt_path} not found (from start=FILE:{prompt_path})")
-    with open(prompt_path, 'r', encoding='utf-8') as f:
-        start = f.read()
+    try:
+        with open(prompt_path, 'r', encoding='utf-8') as f:
+            start = f.read()
+    except UnicodeDecodeError as e:
+        raise errors.UserError(f"prompt file {prompt_path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
 start_ids = tokenizer.encode(start)
 if not start_ids:
     raise errors.UserError("the prompt is empty: give at least one token with --start=...")

@@ -13,20 +13,23 @@ import time
 
 _launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
 
+from gpt import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/errors.py)
+
+errors.install()
+
 import math
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import checkpoint, distributed, errors, hardware, schedule, stepgraph
+from gpt import checkpoint, distributed, errors, hardware, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
-from gpt.tokenizer import get_tokenizer
+from gpt.tokenizer import check_data_for_model, get_tokenizer
 from gpt.trainlog import TrainLog, start_wandb, step_line
 from model import GPT, GPTConfig
 
@@ -114,22 +117,11 @@ fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) 
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
 # -----------------------------------------------------------------------------
-errors.install()
 _defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from the command line or a config file
 # -----------------------------------------------------------------------------
 
-# check what the configurator cannot: values that are the right type but make no sense
-if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
-    raise errors.UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
-                           f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
-if eval_iters <= 0 or eval_interval <= 0:
-    raise errors.UserError(f"eval_iters and eval_interval must be positive (got {eval_iters}, {eval_interval})")
-if not 0 < sample_top_p <= 1:
-    raise errors.UserError(f"sample_top_p must be in (0, 1], not {sample_top_p} (1: no nucleus cut)")
-if min(batch_size, block_size, gradient_accumulation_steps, log_interval) <= 0 or max_iters < 0:
-    raise errors.UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
-                           "positive, max_iters not negative")
+settings.check_train(config)  # values that are the right type but make no sense: one line each
 
 # various inits, derived attributes, I/O setup; under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
@@ -141,10 +133,14 @@ sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every ran
 gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
                                                          block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
+if master_process:  # out_dir: writable, locked for this run, an earlier run's files moved aside by a new one
+    rundir.claim(out_dir, fresh=init_from != 'resume')
+# a resumed run's model is its checkpoint's: shape settings that differ are refused, its block_size the default
+resumed = checkpoint.load_for_resume(out_dir, parallelism) if init_from == 'resume' else None
+block_size = checkpoint.resume_shape(resumed, config, _defaults) if resumed else block_size
 tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
 if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
-    checkpoint.check_out_dir(out_dir)
 # a token budget (max_tokens, warmup_tokens, lr_decay_tokens) in iterations, now that their size is known
 max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, _defaults, master_process)
 if ckpt_every_tokens and sharded:
@@ -158,7 +154,6 @@ data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_pr
 meta_vocab_size = meta['vocab_size'] if meta else None
 
 # model init
-resumed = None  # the checkpoint a resumed run starts from
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
                   dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
                   tie_embeddings=tie_embeddings, qk_norm=qk_norm, mlp_act=mlp_act, logit_softcap=logit_softcap,
@@ -174,7 +169,6 @@ if init_from == 'scratch':
         model = GPT(GPTConfig(**model_args))
 elif init_from == 'resume':
     # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
-    resumed = checkpoint.load_for_resume(out_dir, parallelism)
     model = checkpoint.model_for_resume(resumed, dropout)
 else:
     print(f"Initializing from pretrained weights: {init_from}")
@@ -187,8 +181,10 @@ elif block_size > model.config.block_size:
                            f"({init_from}): use --block_size={model.config.block_size} or less")
 model.config.fused_loss = fused_loss
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
+config.update({k: v for k, v in model_args.items() if k in config})  # the config records the model that runs
 model.to(device)
 vocab_size = model.config.vocab_size
+check_data_for_model(meta, init_from, resumed, dataset)  # the data's tokenizer must be the model's
 if meta_vocab_size and meta_vocab_size > vocab_size:
     raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
                            f"{vocab_size}: the data and the model use different tokenizers")
@@ -365,7 +361,7 @@ while True:
         if nonfinite_in_a_row >= max_nonfinite_steps:
             raise errors.UserError(
                 f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
-                f"(max_nonfinite_steps={max_nonfinite_steps}); the last good checkpoint is in {out_dir}. "
+                f"(max_nonfinite_steps={max_nonfinite_steps}); {checkpoint.last_good(out_dir)}. "
                 f"Try a lower learning_rate, dtype=bfloat16, or check the data")
 
     # timing and logging
@@ -405,3 +401,4 @@ while True:
 log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
 if torchrun:
     dist.destroy_process_group()
+checkpoint.check_last_save(out_dir)  # a run whose last save failed does not end with status 0

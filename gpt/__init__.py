@@ -6,7 +6,9 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     atomic       files written whole or not at all
     hardware     device and dtype choice, autocast, compile, peak FLOP/s for MFU
     distributed  torchrun's process group, DDP and FSDP2 wrapping, gradient sync
-    checkpoint   ckpt.pt save/load (atomic, weights_only), sharded saves, resume, conversion
+    checkpoint   ckpt.pt save/load (atomic, weights_only, checksums), sharded saves, resume, conversion
+    rundir       out_dir: writable, locked for one run, an earlier run's files kept aside
+    settings     checks of values that have the right type but make no sense
     data         token files (train.bin/val.bin, shards), dataset metadata, the prepare scripts' helpers
     loader       batches from the token files, with resumable positions
     tokenizer    GPT-2 BPE (tiktoken), characters, tokenizers-JSON files

@@ -3,6 +3,7 @@ Checkpoint I/O. The file keeps nanoGPT's ckpt.pt layout (model, optimizer, model
 best_val_loss, config, plus our additions), holds only tensors and plain types, is written atomically
 and is read with torch.load(weights_only=True), so a checkpoint can never run code.
 """
+import math
 import os
 import pickle
 import random
@@ -22,6 +23,11 @@ from model import GPT, GPTConfig
 
 DCP_DIR = "ckpt_dcp"  # a sharded checkpoint (parallelism=fsdp): every rank writes its part
 TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
+# what this process knows of the run's checkpoints: the last one it wrote or resumed from, as (path, iter_num),
+# and the step of the last evaluation whose val loss was not finite (None: it was, or there was none)
+_last_good = None
+_nonfinite_eval_at = None
+_save_failed = None  # why this process's last save failed, or None: it did not
 # prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -39,30 +45,48 @@ def clean_state_dict(state_dict):
 
 
 def save_checkpoint(ckpt, path):
-    """Write atomically; on failure (disk full, read-only folder) say so and keep the previous file.
-    Returns whether the save succeeded."""
+    """Write atomically; on failure (disk full, quota, read-only, I/O error) say so in one line and keep the
+    previous file. Returns whether the save succeeded."""
+    global _save_failed
     # temp files of saves that a crash or kill -9 cut short would otherwise pile up, each a whole checkpoint
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):
         if stale.startswith(name + ".") and stale.endswith(".tmp"):
-            os.remove(os.path.join(folder, stale))
+            try:
+                os.remove(os.path.join(folder, stale))
+            except OSError:
+                pass  # a read-only folder: the save below says so
     try:
         with atomic_write(path) as f:
             torch.save(ckpt, f)
+        _save_failed = None
         return True
-    except OSError as e:
-        print(f"error: could not save checkpoint to {path} ({e.strerror or e}); the previous checkpoint is kept")
+    except (OSError, RuntimeError) as e:
+        reason = write_failure(e)
+        if reason is None:
+            raise  # not a failure to write: a bug, with its traceback
+        print(f"error: could not save checkpoint to {path} ({reason}); the previous checkpoint is kept")
+        _save_failed = f"{path}: {reason}"
         return False
 
 
-def check_out_dir(out_dir):
-    """Fail before training, not at the first save, when checkpoints cannot be written."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another --out_dir")
+def check_last_save(out_dir):
+    """At the end of a run: one error line (status 2) when its last save failed, so that no script takes the
+    run for complete."""
+    if _save_failed:
+        raise UserError(f"the run's last checkpoint could not be saved ({_save_failed}); {last_good(out_dir)}")
+
+
+def write_failure(e):
+    """What went wrong when a write failed (disk full, quota, read-only, I/O error), or None when `e` is not a
+    failure to write. torch.save reports these as a RuntimeError from its zip writer (inline_container.cc)
+    that chains the OSError, or names nothing when it found out by itself (a short write: "unexpected pos")."""
+    for err in (e, e.__cause__, e.__context__):
+        if isinstance(err, OSError):
+            return err.strerror or str(err)
+    if isinstance(e, RuntimeError) and ("inline_container" in str(e) or "PytorchStreamWriter" in str(e)):
+        return "the file could not be written whole: " + str(e).strip().splitlines()[0][:120]
+    return None
 
 
 def gather_rng_states():
@@ -81,22 +105,47 @@ def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
     rank 0 writes out_dir/ckpt.pt and keeps the last `keep` of them as numbered copies (0: none); with a
     name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
     and only the last `keep` of its kind (0: all)."""
+    global _last_good
+    distributed = dist.is_available() and dist.is_initialized()
+    master = not distributed or dist.get_rank() == 0
+    if _nonfinite_eval_at is not None:  # the weights give a NaN/inf loss: never written over a good checkpoint
+        if master:
+            print(f"not saving a checkpoint: the val loss at step {_nonfinite_eval_at} was not finite "
+                  f"({last_good(out_dir)})")
+        return
     if sharded:
         save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+        _last_good = (os.path.join(out_dir, DCP_DIR), state["iter_num"])
         return
-    distributed = dist.is_available() and dist.is_initialized()
     rng = gather_rng_states()
-    if not distributed or dist.get_rank() == 0:
+    if master:
         path = os.path.join(out_dir, name or "ckpt.pt")
-        print(f"saving checkpoint to {path}")
-        ckpt = {"model": model.state_dict(), "optimizer": portable(optimizer.state_dict()), **state, "rng": rng}
-        if save_checkpoint(ckpt, path) and keep > 0:
-            if name is None:
+        model_sd = model.state_dict()
+        bad = next((k for k, v in model_sd.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        if bad is not None:
+            print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({last_good(out_dir)})")
+        else:
+            print(f"saving checkpoint to {path}")
+            ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state, "rng": rng}
+            saved = save_checkpoint(ckpt, path)
+            if saved and name is None:
+                _last_good = (path, state["iter_num"])
+            if saved and keep > 0 and name is None:
                 keep_numbered_copy(path, state["iter_num"], keep)
-            else:
+            elif saved and keep > 0:
                 prune_checkpoints(out_dir, name, keep)
     if distributed:
         dist.barrier()
+
+
+def last_good(out_dir):
+    """Which checkpoint is the good one to go back to, in words: the last this run wrote or resumed from."""
+    if _last_good is not None:
+        return f"the last good checkpoint is {_last_good[0]}, from step {_last_good[1]}"
+    path = os.path.join(out_dir, "ckpt.pt")
+    if os.path.exists(path):
+        return f"{path} was not written by this run"
+    return f"there is no good checkpoint: this run wrote none to {out_dir}"
 
 
 def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval):
@@ -104,8 +153,15 @@ def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoin
     the loss just evaluated or None): None stands for ckpt.pt, a file name for a checkpoint kept beside it.
     checkpoint_interval 0 saves ckpt.pt at evaluations, when the val loss improved or always_save_checkpoint;
     N > 0 every N steps and at the end; -1 never. ckpt_every_tokens's checkpoints are named with the tokens
-    seen and the val loss. Nothing at step 0 (nothing trained yet) or with eval_only."""
-    if eval_only or iter_num == 0:
+    seen and the val loss. Nothing at step 0 (nothing trained yet) or with eval_only. A val loss that is NaN or
+    inf means the weights are broken: nothing is written then, nor later (save refuses), until an evaluation
+    is finite again, so a diverged run never overwrites its last good checkpoint."""
+    global _nonfinite_eval_at
+    if val_loss is not None:
+        _nonfinite_eval_at = None if math.isfinite(val_loss) else iter_num
+        if _nonfinite_eval_at is not None and not (dist.is_available() and dist.is_initialized() and dist.get_rank()):
+            print(f"step {iter_num}: not saving a checkpoint: the val loss is {val_loss}")
+    if eval_only or iter_num == 0 or _nonfinite_eval_at is not None:
         return []
     saves = []
     if checkpoint_interval > 0 and due.checkpoint:
@@ -129,15 +185,53 @@ def load_checkpoint(path):
     """Read a checkpoint onto the CPU (no GPU memory spike), refusing anything that is not plain data."""
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}: train one first, or point out_dir at the folder holding ckpt.pt")
+    damage = checksum_failure(path)
+    if damage:
+        raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
+                        f"memory or copy error); {way_back(path)}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        refused = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+        if refused:
+            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
+                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
+                            f"if you trust the file, re-save it without that entry")
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated, corrupted or unsafe): {reason[:200]}")
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
     return ckpt
+
+
+def checksum_failure(path):
+    """What is damaged in a checkpoint, or None. torch.save writes a zip file whose every entry (each tensor's
+    bytes, the pickle) carries a CRC-32 of its contents, which torch.load never checks: reading every entry
+    back checks them all (0.7-0.9 s for GPT-2 124M with its optimizer state, 1.4 GiB: docs/checkpoints.md).
+    Files that are not zip files (truncated ones, nanoGPT's legacy format) are left to torch.load."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, KeyError, UnicodeError) as e:
+        return f"its zip structure is damaged ({e})"
+    return f"entry {bad} fails its CRC-32 checksum" if bad else None
+
+
+def way_back(path):
+    """The advice for a corrupted checkpoint: the newest intact copy kept beside it (keep_checkpoints)."""
+    folder = os.path.dirname(path) or "."
+    copies = [f for f in os.listdir(folder) if re.fullmatch(r"ckpt-\d+\.pt|ckpt-tok\d+-val.*\.pt", f)]
+    copies.sort(key=lambda f: os.path.getmtime(os.path.join(folder, f)), reverse=True)
+    for copy in copies:
+        full = os.path.join(folder, copy)
+        if os.path.realpath(full) != os.path.realpath(path) and not os.path.samefile(full, path) \
+                and not checksum_failure(full):
+            return f"go back to the newest intact copy kept beside it: cp {full} {path}"
+    return ("no intact copy is kept beside it (keep_checkpoints=N keeps the last N as ckpt-<iter>.pt): "
+            "restore it from a backup, or train again")
 
 
 def model_from_checkpoint(ckpt, path="checkpoint"):
@@ -248,6 +342,29 @@ def load_for_resume(out_dir, parallelism):
     return {**ckpt, 'path': path, 'sharded': sharded}
 
 
+SHAPE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'family', 'n_kv_head', 'mlp_hidden', 'rope_theta',
+              'tie_embeddings')  # the settings that make a model's shape: a resumed model keeps its own
+
+
+def resume_shape(ckpt, config, defaults):
+    """A resumed run's model is the checkpoint's: shape settings this run sets (those in `config` that differ
+    from `defaults`, train.py's) must agree with it, or it is one line. Puts the checkpoint's shape into
+    `config`, so the run records what runs, and returns the block_size to train with: the checkpoint's when
+    the run gives none (a smaller one crops the model)."""
+    saved = {k: ckpt['model_args'].get(k, getattr(GPTConfig, k)) for k in SHAPE_KEYS + ('block_size',)}
+    differ = [k for k in SHAPE_KEYS if config[k] != defaults[k] and config[k] != saved[k]]
+    if differ:
+        raise UserError(f"the checkpoint {ckpt['path']} is a {saved['n_layer']}-layer, {saved['n_embd']}-wide "
+                        f"model; a resumed model keeps its shape, but this run sets "
+                        + ", ".join(f"{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
+                        + ": leave " + ("it" if len(differ) == 1 else "them") + " out, or train a new model "
+                        "in another out_dir")
+    if config['block_size'] == defaults['block_size']:
+        config['block_size'] = saved['block_size']
+    config.update({k: saved[k] for k in SHAPE_KEYS})
+    return config['block_size']
+
+
 def model_for_resume(ckpt, dropout):
     """The model of a resumed run: the checkpoint's shape (GPT-2 where it names no family), this run's
     dropout; with the checkpoint's weights, except for a sharded one (restore loads those)."""
@@ -265,8 +382,10 @@ def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size)
     state = dict(iter_num=0, best_val_loss=1e9, elapsed=0.0, skipped_steps=0, wandb_run_id=None)
     if ckpt is None:
         return state
+    global _last_good
     state.update({k: ckpt[k] for k in state if ckpt.get(k) is not None})
     state['best_val_loss'] = float(state['best_val_loss'])  # nanoGPT saves a tensor
+    _last_good = (ckpt['path'], state['iter_num'])
     if ckpt['sharded']:
         load_sharded(ckpt['sharded'], model, optimizer)
     elif isinstance(model, torch.nn.Module) and is_sharded(model):

@@ -239,3 +239,60 @@ def folder_meta(init_from):
     with open(path, encoding="utf-8") as f:
         tokenizer_json = f.read()
     return {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}
+
+
+PROBE = "Hello, world! The 2 quick brown foxes jumped over 13 lazy dogs.\n  Indented: naïve café, 東京."
+
+
+def describe(meta):
+    """A tokenizer in words, from its meta (None: GPT-2 BPE)."""
+    name = (meta or {}).get("tokenizer", "gpt2")
+    if name == "char":
+        return f"characters, {meta['vocab_size']} of them"
+    if name == "hf":
+        return f"a tokenizers file of {meta['vocab_size']:,} tokens"
+    return "GPT-2 BPE"
+
+
+def same_tokenizer(a, b):
+    """Whether two metas (None: GPT-2 BPE) tokenize alike: True, False, or None when that cannot be told
+    (a tokenizer that cannot be loaded here). BPE ones are compared on a probe text, so a GPT-2 folder's
+    tokenizer.json and tiktoken's GPT-2 agree."""
+    ka, kb = (a or {}).get("tokenizer", "gpt2"), (b or {}).get("tokenizer", "gpt2")
+    if "char" in (ka, kb):
+        return ka == kb and list(a.get("itos") or []) == list(b.get("itos") or [])
+    if ka == kb == "gpt2" or (ka == kb == "hf" and a.get("tokenizer_json") == b.get("tokenizer_json")):
+        return True
+    try:
+        return get_tokenizer(a).encode_ordinary(PROBE) == get_tokenizer(b).encode_ordinary(PROBE)
+    except Exception:
+        return None
+
+
+def check_data_for_model(data_meta, init_from, resumed, dataset):
+    """One line when a dataset (its meta.json; None: GPT-2 BPE) is tokenized otherwise than the model it
+    trains - a resumed checkpoint's (its dataset_meta; a nanoGPT checkpoint has none, and is not checked),
+    GPT-2's, or a transformers folder's (its tokenizer.json, else GPT-2's) - with the way to prepare the data
+    for that model. A new model (init_from=scratch) takes the data's."""
+    if init_from == "scratch" or (resumed is not None and "dataset_meta" not in resumed):
+        return
+    try:
+        model_meta = resumed["dataset_meta"] if resumed is not None else (
+            folder_meta(init_from) if os.path.isdir(init_from) else None)
+    except UserError:
+        return  # a folder whose tokenizer cannot be known: nothing to compare (the vocabulary check remains)
+    model_from = resumed["path"] if resumed is not None else init_from
+    if same_tokenizer(data_meta, model_meta) is not False:
+        return
+    kind = (model_meta or {}).get("tokenizer", "gpt2")
+    if kind == "gpt2":
+        how = ("`python data/shakespeare/prepare.py` and --dataset=shakespeare (openwebtext and fineweb are "
+               "GPT-2 BPE too)")
+    elif kind == "hf":
+        tok = os.path.join(init_from, "tokenizer.json") if os.path.isdir(init_from) else "<its tokenizer.json>"
+        how = f"`python data/shakespeare/prepare.py --tokenizer={tok} --out_dir=<a new folder>`"
+    else:
+        how = "the character-level dataset it was trained on (`python data/shakespeare_char/prepare.py`)"
+    raise UserError(f"dataset {dataset} is tokenized with {describe(data_meta)}, but the model ({model_from}) "
+                    f"with {describe(model_meta)}: the ids would mean other tokens; prepare the data for this "
+                    f"model: {how}")

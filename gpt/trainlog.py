@@ -1,5 +1,6 @@
 """
-The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes.
+The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes. A new
+run never appends to an earlier run's log: gpt/rundir.py moves that one aside before the run starts.
 
 Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval steps), with stable keys:
     step, tokens, time (seconds since the run's first launch), kind,
@@ -24,6 +25,7 @@ class TrainLog:
         self.path = os.path.join(out_dir, LOG_NAME)
         self.enabled = enabled  # only the master process writes
         self.wandb = None  # a wandb run (start_wandb) that gets every row too
+        self.failing = False  # the last write failed (a full disk): said once, until one succeeds
 
     def position(self):
         return os.path.getsize(self.path) if os.path.exists(self.path) else 0
@@ -46,8 +48,14 @@ class TrainLog:
             return
         # NaN and inf are not JSON: write them as null
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.failing = False
+        except OSError as e:  # a full disk: say so once, and go on training
+            if not self.failing:
+                print(f"error: could not write to {self.path} ({e.strerror or e}): rows are lost until it can")
+            self.failing = True
         if self.wandb is not None and row["kind"] != "end":
             self.wandb.log(wandb_metrics(row))
 

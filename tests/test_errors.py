@@ -159,7 +159,8 @@ CASES = [
     ("truncated_checkpoint_resume", "train.py",
      lambda tmp, s: ["--init_from=resume", f"--out_dir={s.truncated_checkpoint()}"], ["ckpt.pt", "truncated"]),
     ("unsafe_checkpoint_resume", "train.py",
-     lambda tmp, s: ["--init_from=resume", f"--out_dir={unsafe_checkpoint(tmp, s)}"], ["ckpt.pt", "unsafe"]),
+     lambda tmp, s: ["--init_from=resume", f"--out_dir={unsafe_checkpoint(tmp, s)}"],
+     ["ckpt.pt", "unsafe", "argparse.Namespace", "could run code"]),
     ("out_dir_not_writable", "train.py", lambda tmp, s: [f"--out_dir={not_writable(tmp)}"],
      ["out_dir", os.path.join("afile", "sub"), "not writable"]),
     ("missing_config_file", "train.py", lambda tmp, s: ["config/no_such_config.py"], ["no_such_config.py"]),
@@ -171,6 +172,52 @@ CASES = [
     ("sample_missing_prompt_file", "sample.py",
      lambda tmp, s: [f"--out_dir={s.checkpoint()}", f"--start=FILE:{os.path.join(tmp, 'prompt.txt')}"],
      ["prompt.txt", "not found"]),
+]
+
+
+
+def config_file(tmp, name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def binary_prompt(tmp):
+    path = os.path.join(tmp, "prompt.bin")
+    with open(path, "wb") as f:
+        f.write(b"ab\xff\xfe\x80cd")
+    return path
+
+
+def other_characters(tmp):
+    """A dataset like the shared one, its 16 ids meaning other characters."""
+    folder = write_dataset(os.path.join(tmp, "d"), good_ids(4000), good_ids(1000, seed=1), meta=False)
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump({"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": ITOS[::-1]}, f)
+    return folder
+
+
+# values of the right type that make no sense, config files that break, prompts that are not text (issue 15)
+CASES += [
+    ("dropout_above_1", "train.py", lambda tmp, s: ["--dropout=1.5"], ["dropout=1.5", "below 1"]),
+    ("learning_rate_negative", "train.py", lambda tmp, s: ["--learning_rate=-1"], ["learning_rate=-1", "positive"]),
+    ("n_layer_zero", "train.py", lambda tmp, s: ["--n_layer=0"], ["n_layer=0", "positive"]),
+    ("config_file_syntax_error", "train.py", lambda tmp, s: [config_file(tmp, "broken.py", "batch_size = = 4\n")],
+     ["broken.py", "not valid Python", "line 1"]),
+    ("config_file_raises", "train.py",
+     lambda tmp, s: [config_file(tmp, "raises.py", "import math\nbatch_size = 1 // 0\n")],
+     ["raises.py", "line 2", "ZeroDivisionError"]),
+    ("resume_on_other_characters", "train.py",
+     lambda tmp, s: ["--init_from=resume", f"--out_dir={s.checkpoint()}", f"--data_dir={other_characters(tmp)}"],
+     ["characters, 16 of them", "data/shakespeare_char/prepare.py"]),
+    ("sample_top_k_negative", "sample.py", lambda tmp, s: [f"--out_dir={s.checkpoint()}", "--top_k=-5"],
+     ["top_k=-5"]),
+    ("sample_prompt_not_utf8", "sample.py",
+     lambda tmp, s: [f"--out_dir={s.checkpoint()}", f"--start=FILE:{binary_prompt(tmp)}"], ["prompt.bin", "UTF-8"]),
+    ("sample_max_new_tokens_negative", "sample.py", lambda tmp, s: ["--max_new_tokens=-1"], ["max_new_tokens=-1"]),
+    ("sample_num_samples_negative", "sample.py", lambda tmp, s: ["--num_samples=-3"], ["num_samples=-3"]),
+    ("sample_temperature_negative", "sample.py", lambda tmp, s: ["--temperature=-1"], ["temperature=-1"]),
 ]
 
 
@@ -208,3 +255,17 @@ def test_user_mistake(case, outcomes):
     assert last.startswith("error: "), where
     for word in words:
         assert word in last, f"{word!r} not in {last!r}"
+
+
+def test_ctrl_c_before_training_is_one_short_line(tmp_path):
+    """Ctrl-C while train.py starts (torch still loading, or the data being checked): no traceback, status 130."""
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "train.py", *TRAIN_BASE, f"--out_dir={tmp_path}"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)  # errors.install() runs first, before torch is imported
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-3000:]
