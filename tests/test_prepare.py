@@ -1,25 +1,47 @@
+"""
+data/<dataset>/prepare.py: shakespeare_char, shakespeare (GPT-2 BPE) and openwebtext from local files, and
+fetching tinyshakespeare.
+"""
 import io
 import json
 import os
 import random
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
+from conftest import SHARED, run
 
 from gpt.data import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
 from gpt.errors import UserError
 from gpt.tokenizer import get_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the texts prepared: the generated corpus always; tinyshakespeare too where the shared data folder has it,
+# with the split sizes nanoGPT's readme gives (characters, GPT-2 tokens)
+TINY_SHAKESPEARE = os.path.join(SHARED, "tinyshakespeare.txt")
+TEXTS = ["generated"] + (["tinyshakespeare"] if os.path.exists(TINY_SHAKESPEARE) else [])
+NANOGPT_SPLITS = {"char": (1_003_854, 111_540), "gpt2": (301_966, 36_059)}
 
 
 def prepare(dataset, *args, env=None):
-    cmd = [sys.executable, os.path.join("data", dataset, "prepare.py"), *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return run(os.path.join("data", dataset, "prepare.py"), *args, env=env, check=False)
+
+
+@pytest.fixture(params=TEXTS)
+def text_path(request, corpus_path):
+    return corpus_path if request.param == "generated" else TINY_SHAKESPEARE
+
+
+def expected_splits(text_path, tok):
+    """(train, val) lengths in tokens: nanoGPT's for tinyshakespeare; the first 90% of the characters else."""
+    if text_path == TINY_SHAKESPEARE:
+        return NANOGPT_SPLITS[tok.name]
+    text = read_text(text_path)
+    cut = int(len(text) * 0.9)
+    if tok.name == "char":
+        return cut, len(text) - cut
+    return len(tok.enc.encode_ordinary(text[:cut])), len(tok.enc.encode_ordinary(text[cut:]))
 
 
 def read_text(path):
@@ -33,26 +55,26 @@ def decode_splits(out_dir):
     return tok, [open_tokens(os.path.join(out_dir, f"{s}.bin"), meta["dtype"]) for s in ("train", "val")]
 
 
-def test_shakespeare_char(shakespeare_text_path, tmp_path):
-    r = prepare("shakespeare_char", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+def test_shakespeare_char(text_path, tmp_path):
+    r = prepare("shakespeare_char", "--input", text_path, "--out_dir", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "vocab size: 65" in r.stdout
     meta = read_meta(tmp_path)
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == 65 and len(meta["itos"]) == 65
     tok, (train, val) = decode_splits(tmp_path)
-    assert (len(train), len(val)) == (1_003_854, 111_540)  # nanoGPT's numbers
-    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+    assert (len(train), len(val)) == expected_splits(text_path, tok)
+    assert tok.decode(train) + tok.decode(val) == read_text(text_path)
     assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
 
 
-def test_shakespeare_bpe(shakespeare_text_path, gpt2_ranks_path, tmp_path):
-    r = prepare("shakespeare", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+def test_shakespeare_bpe(text_path, gpt2_ranks_path, tmp_path):
+    r = prepare("shakespeare", "--input", text_path, "--out_dir", tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "meta.json").read_text()) == {
         "tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256}
     tok, (train, val) = decode_splits(tmp_path)
-    assert (len(train), len(val)) == (301_966, 36_059)  # nanoGPT's numbers
-    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+    assert (len(train), len(val)) == expected_splits(text_path, tok)
+    assert tok.decode(train) + tok.decode(val) == read_text(text_path)
 
 
 def test_openwebtext_local(gpt2_ranks_path, tmp_path):
