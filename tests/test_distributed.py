@@ -4,54 +4,36 @@ processes computes what one process does with twice the accumulation, ranks end 
 and only rank 0 writes; FSDP2 computes what DDP does, resumes exactly, and its sharded checkpoint converts to a
 ckpt.pt; a rank that dies brings the run down instead of hanging it.
 """
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, counting_ids, flags, log_rows, run, tiny, write_ids_dataset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from gpt.checkpoint import load_checkpoint  # noqa: E402
-from gpt.data import write_shard  # noqa: E402
+from gpt.checkpoint import load_checkpoint
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # float32 and no dropout: the runs must agree to rounding
 # 4 micro-steps: 2 per rank, so gradient accumulation without a reduction in between is exercised too
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=4,
-            eval_interval=4, eval_iters=2, warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, dropout=0.0,
-            compile=False, device="cpu", dtype="float32", log_interval=1)
+TINY = tiny(gradient_accumulation_steps=4, lr_decay_iters=8)
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("shards")
-    rng = np.random.default_rng(0)
-    ids = (np.arange(40000) * 7 + (rng.random(40000) < 0.1) * rng.integers(0, 16, 40000)) % 16
-    write_shard(d / "t_val_000000.bin", ids[:8000])
-    write_shard(d / "t_train_000001.bin", ids[8000:])
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmn \n")}))
-    return d
+    ids = counting_ids(40000, stride=7)
+    return write_ids_dataset(tmp_path_factory.mktemp("shards"), ids, "abcdefghijklmn \n", val=0.2, shards=True)
 
 
 def train(shards, out_dir, nproc=1, script="train.py", check=True, **kw):
-    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
-    cmd = (TORCHRUN if nproc == 2 else [sys.executable]) + [script, f"--data_dir={shards}", f"--out_dir={out_dir}", *args]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    if check:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r
+    return run(script, f"--data_dir={shards}", f"--out_dir={out_dir}", *flags(**{**TINY, **kw}), nproc=nproc,
+               check=check)
 
 
 def losses(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [row["loss"] for row in map(json.loads, f) if row["kind"] == "train"]
+    return [row["loss"] for row in log_rows(out_dir)]
 
 
 @pytest.fixture(scope="module")
@@ -91,17 +73,14 @@ def test_fsdp_resumes_exactly(runs):
 
 def test_sharded_checkpoint_converts_for_sampling(runs, shards):
     out = runs["fsdp"]
-    r = subprocess.run([sys.executable, "convert_checkpoint.py", f"--out_dir={out}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run("convert_checkpoint.py", f"--out_dir={out}")
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
     ddp = torch.load(runs["ddp"] / "ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 8 and ckpt["model_args"] == ddp["model_args"]
     for k in ddp["model"]:
         torch.testing.assert_close(ckpt["model"][k], ddp["model"][k], rtol=0, atol=1e-5)
-    r = subprocess.run([sys.executable, "sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1",
-                        "--max_new_tokens=20"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and set(r.stdout.split("tokenizer: char (16 tokens)\n")[1].split("---")[0]) <= set("abcdefghijklmn \n")
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20")
+    assert set(r.stdout.split("tokenizer: char (16 tokens)\n")[1].split("---")[0]) <= set("abcdefghijklmn \n")
 
 
 def test_fsdp_needs_several_processes_and_ddp_resume_names_the_fix(runs, shards, tmp_path):
@@ -138,9 +117,8 @@ def test_a_dying_rank_ends_the_whole_run(shards, tmp_path):
 
 
 # DistributedDataParallel, each rank dumping what it ended with
-DDP_TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
-            max_iters=10, eval_interval=5, eval_iters=2, warmup_iters=2, lr_decay_iters=10, learning_rate=1e-3,
-            dropout=0.0, compile=False, device="cpu", dtype="float32", dataset="tiny")
+DDP_TINY = tiny(gradient_accumulation_steps=2, max_iters=10, eval_interval=5, lr_decay_iters=10,
+                learning_rate=1e-3, dataset="tiny")
 STEP_RE = re.compile(r"^(?:\[rank\d\]: )?step (\d+): train loss", re.M)
 
 # Runs train.py inside each rank like torchrun would, then saves what that rank ended with. It imports
@@ -159,27 +137,14 @@ torch.save({"model": g["raw_model"].state_dict(), "iter_num": g["iter_num"],
 '''
 
 
-def flags(**kw):
-    return [f"--{k}={v}" for k, v in kw.items()]
-
-
-def torchrun(script, *args, timeout=180):
-    return subprocess.run([*TORCHRUN, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+def torchrun(script, *args):
+    return run(script, *args, nproc=2, check=False)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_data")
-    rng = np.random.default_rng(0)
-    itos = list("abcdefghijklmnop")
     # a learnable sequence: mostly counting up through the alphabet, with some noise
-    ids = (np.arange(20000) + (rng.random(20000) < 0.1) * rng.integers(0, 16, 20000)) % 16
-    ids.astype(np.uint16)[:18000].tofile(d / "train.bin")
-    ids.astype(np.uint16)[18000:].tofile(d / "val.bin")
-    (d / "meta.json").write_text('{"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": %s}'
-                                 % str(itos).replace("'", '"'))
-    return d
+    return write_ids_dataset(tmp_path_factory.mktemp("tiny_data"), counting_ids(20000), "abcdefghijklmnop")
 
 
 def dump_run(tmp, data_dir, out_dir, **kw):
@@ -226,6 +191,9 @@ def test_ranks_end_with_identical_parameters(ddp_run):
 def test_only_rank_zero_writes(ddp_run):
     _, out_dir, r, _ = ddp_run
     assert sorted(os.listdir(out_dir)) == ["ckpt.pt", "log.jsonl"]
+    assert [row["step"] for row in log_rows(out_dir, "eval")] == [0, 5, 10]
+    assert [row["step"] for row in log_rows(out_dir)] == list(range(10))
+    # and only rank 0 prints
     out = r.stdout + r.stderr
     assert [int(n) for n in STEP_RE.findall(out)] == [0, 5, 10], out[-3000:]
     assert out.count("saving checkpoint") == 2  # at steps 5 and 10, by one rank
