@@ -8,13 +8,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tiktoken
 import torch
+from conftest import flags, run, tiny
 
 from gpt import hellaswag
 from gpt.checkpoint import load_model
@@ -22,18 +21,7 @@ from gpt.data import open_tokens, read_meta
 from gpt.errors import UserError
 from gpt.tokenizer import Tokenizer, char_meta, folder_meta, get_tokenizer, gpt2_encoding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 512
-# one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def run(script, *args, check=True):
-    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=ENV)
-    if check:
-        assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
 
 
 def read_text(path):
@@ -131,9 +119,9 @@ def test_unknown_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def bpe_data(shakespeare_text_path, tmp_path_factory):
+def bpe_data(corpus_path, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("shakespeare_bpe") / "data"
-    run(os.path.join("data", "shakespeare", "prepare.py"), "--input", shakespeare_text_path, "--out_dir", data_dir,
+    run(os.path.join("data", "shakespeare", "prepare.py"), "--input", corpus_path, "--out_dir", data_dir,
         "--tokenizer=train", f"--vocab_size={VOCAB}")
     return data_dir
 
@@ -142,13 +130,12 @@ def bpe_data(shakespeare_text_path, tmp_path_factory):
 def trained(bpe_data, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bpe_run") / "out"
     run("train.py", f"--data_dir={bpe_data}", "--dataset=shakespeare_bpe", f"--out_dir={out_dir}", "--family=llama",
-        "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
-        "--gradient_accumulation_steps=1", "--max_iters=30", "--eval_interval=30", "--eval_iters=2", "--warmup_iters=5", "--lr_decay_iters=30",
-        "--learning_rate=3e-3", "--compile=False", "--device=cpu", "--dtype=float32")
+        *flags(**tiny(n_layer=1, batch_size=8, max_iters=30, eval_interval=30, warmup_iters=5, lr_decay_iters=30,
+                      log_interval=10)))
     return out_dir
 
 
-def test_trained_tokenizer_round_trips_the_text(bpe_data, shakespeare_text_path):
+def test_trained_tokenizer_round_trips_the_text(bpe_data, corpus_path):
     assert sorted(os.listdir(bpe_data)) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
     with open(bpe_data / "meta.json") as f:
         assert json.load(f) == {"tokenizer": "hf", "tokenizer_file": "tokenizer.json", "vocab_size": VOCAB,
@@ -156,7 +143,7 @@ def test_trained_tokenizer_round_trips_the_text(bpe_data, shakespeare_text_path)
     meta, (train, val) = splits(bpe_data)
     tok = get_tokenizer(meta)
     assert (tok.name, tok.vocab_size, tok.eot) == ("hf", VOCAB, 0)
-    text = read_text(shakespeare_text_path)
+    text = read_text(corpus_path)
     assert tok.decode(train) + tok.decode(val) == text
     assert len(train) + len(val) < 0.6 * len(text)  # real merges, not bytes
     assert max(train.max(), val.max()) < VOCAB
@@ -166,9 +153,9 @@ def test_trained_tokenizer_round_trips_the_text(bpe_data, shakespeare_text_path)
     assert 0 not in tok.encode_ordinary("a <|endoftext|> in a document is text")
 
 
-def test_an_existing_tokenizer_file_gives_the_same_ids(bpe_data, shakespeare_text_path, tmp_path):
+def test_an_existing_tokenizer_file_gives_the_same_ids(bpe_data, corpus_path, tmp_path):
     out = tmp_path / "again"
-    run(os.path.join("data", "shakespeare", "prepare.py"), "--input", shakespeare_text_path, "--out_dir", out,
+    run(os.path.join("data", "shakespeare", "prepare.py"), "--input", corpus_path, "--out_dir", out,
         f"--tokenizer={bpe_data / 'tokenizer.json'}")
     assert read_text(out / "tokenizer.json") == read_text(bpe_data / "tokenizer.json")
     (_, (a_train, a_val)), (_, (b_train, b_val)) = splits(bpe_data), splits(out)
@@ -176,7 +163,7 @@ def test_an_existing_tokenizer_file_gives_the_same_ids(bpe_data, shakespeare_tex
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     for choice in (bad, tmp_path / "missing.json"):
-        r = run(os.path.join("data", "shakespeare", "prepare.py"), "--input", shakespeare_text_path, "--out_dir",
+        r = run(os.path.join("data", "shakespeare", "prepare.py"), "--input", corpus_path, "--out_dir",
                 tmp_path / "x", f"--tokenizer={choice}", check=False)
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and str(choice) in r.stderr, r.stderr
 
@@ -265,11 +252,8 @@ def test_openwebtext_with_a_trained_tokenizer(tmp_path):
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, os.path.join("data", "openwebtext", "prepare.py"), "--local", src,
-                        "--num_proc", "2", "--out_dir", out, "--tokenizer=train", "--vocab_size=300"],
-                       cwd=ROOT, capture_output=True, text=True, env={**ENV, "HF_DATASETS_CACHE": str(tmp_path / "c")},
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run(os.path.join("data", "openwebtext", "prepare.py"), "--local", src, "--num_proc", "2", "--out_dir", out,
+        "--tokenizer=train", "--vocab_size=300", env={"HF_DATASETS_CACHE": str(tmp_path / "c")})
     meta, (train, val) = splits(out)
     assert (meta["tokenizer"], meta["eot"], meta["vocab_size"]) == ("hf", 0, 300)
     tok = get_tokenizer(meta)
