@@ -5,23 +5,20 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run as run_script
 
 from gpt.data import list_shards, open_shard, read_meta, write_shard
 from gpt.errors import UserError
 from gpt.tokenizer import gpt2_encoding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD = 2000
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return run_script(*args, env=env, check=False)
 
 
 def prepare(src, out, cache, *extra):
@@ -139,7 +136,7 @@ def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
     foreign.write_bytes(np.random.default_rng(0).bytes(5000))
     with pytest.raises(UserError, match=f"{foreign} is not a token shard: bad magic"):
         open_shard(foreign)
-    script = "import sys, errors, datafiles; errors.install(); datafiles.open_shard(sys.argv[1])"
+    script = "import sys; from gpt import data, errors; errors.install(); data.open_shard(sys.argv[1])"
     for path, words in [(truncated, "truncated"), (foreign, "not a token shard")]:
         r = run("-c", script, path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
