@@ -16,13 +16,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import write_char_dataset
+from conftest import ROOT, write_char_dataset
 
 from gpt import dashboard
 from gpt.errors import UserError
 from gpt.trainlog import read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")
 # goes on until the test stops it (SIGTERM: checkpoint and exit), however fast or slow this machine is
@@ -67,9 +66,9 @@ def get(url):
 
 
 @pytest.fixture(scope="module")
-def char_data(shakespeare_text_path, tmp_path_factory):
+def char_data(corpus_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("dashboard_data")
-    write_char_dataset(d, shakespeare_text_path)
+    write_char_dataset(d, corpus_path)
     return d
 
 
@@ -98,7 +97,8 @@ def test_log_is_served_in_complete_rows_from_an_offset(tmp_path, monkeypatch):
         if not answer["more"]:
             break
     assert got == rows * 5
-    assert dashboard.read_rows(tmp_path / "missing.jsonl", 0) == {"offset": 0, "rows": [], "more": False, "reset": False}
+    assert dashboard.read_rows(tmp_path / "missing.jsonl", 0) == {"offset": 0, "rows": [], "more": False,
+                                                                  "reset": False}
 
 
 def test_dashboard_script_serves_a_finished_run(tmp_path):
@@ -204,7 +204,8 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
             browser = launch(p)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url_in(line))
-            count = lambda: page.evaluate("[+document.body.dataset.trainRows || 0, +document.body.dataset.evalRows || 0]")
+            count = lambda: page.evaluate(
+                "[+document.body.dataset.trainRows || 0, +document.body.dataset.evalRows || 0]")
             page.wait_for_function("+document.body.dataset.trainRows > 0", timeout=60000)
             first_train, _ = count()
             # live: more rows arrive without reloading, evaluations and samples among them
