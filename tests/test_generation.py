@@ -153,7 +153,7 @@ def test_progress_counts_every_new_token():
     for use_cache in (True, False):
         calls = []
         model.generate(torch.randint(0, 101, (1, 20)), 25, top_k=5, use_cache=use_cache,
-                       progress=lambda: calls.append(1))  # past block_size too
+                       progress=lambda calls=calls: calls.append(1))  # past block_size too
         assert len(calls) == 25
 
 
