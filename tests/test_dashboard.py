@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import ROOT, write_char_dataset
+from conftest import ROOT, flags, tiny, write_char_dataset
 
 from gpt import dashboard
 from gpt.errors import UserError
@@ -25,9 +25,7 @@ from gpt.trainlog import read_log
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")
 # goes on until the test stops it (SIGTERM: checkpoint and exit), however fast or slow this machine is
-TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
-             learning_rate=3e-3, eval_interval=20, eval_iters=2, log_interval=5, warmup_iters=10,
-             lr_decay_iters=1000, max_iters=100000, dropout=0.0, compile=False, device="cpu", dtype="float32",
+TRAIN = tiny(batch_size=8, eval_interval=20, log_interval=5, warmup_iters=10, lr_decay_iters=1000, max_iters=100000,
              sample_interval=20, num_samples_train=2, sample_max_tokens=24, sample_prompt="ROMEO:")
 
 
@@ -197,7 +195,7 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
     sync_playwright = browser_or_skip()
     out_dir = tmp_path / "out"
     args = ["train.py", f"--data_dir={char_data}", "--dataset=chars", f"--out_dir={out_dir}", "--dashboard=True",
-            "--dashboard_port=0", *[f"--{k}={v}" for k, v in TRAIN.items()]]
+            "--dashboard_port=0", *flags(**TRAIN)]
     proc, line, lines = start(args, "dashboard: http://127.0.0.1:")
     try:
         with sync_playwright() as p:

@@ -43,9 +43,9 @@ def samples(stdout):
 
 
 @pytest.fixture(scope="session")
-def char_data(shakespeare_text_path, tmp_path_factory):
+def char_data(corpus_path, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("shakespeare_char") / "data"
-    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", shakespeare_text_path,
+    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", corpus_path,
         "--out_dir", data_dir)
     with open(data_dir / "meta.json", encoding="utf-8") as f:
         meta = json.load(f)
