@@ -58,14 +58,6 @@ def tiny(**overrides):
                      learning_rate=3e-3, dropout=0.0, compile=False, device="cpu", dtype="float32"), **overrides)
 
 
-def train(data_dir, out_dir, *args, **settings):
-    """train.py on data_dir into out_dir with the given settings (give the whole configuration, e.g.
-    **tiny(...)); extra positional args are passed as they are; check, nproc, env and timeout go to run()."""
-    opts = {k: settings.pop(k) for k in ("check", "nproc", "env", "timeout", "script") if k in settings}
-    script = opts.pop("script", "train.py")
-    return run(script, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags(**settings), *args, **opts)
-
-
 def log_rows(out_dir, kind="train"):
     """The rows of one kind (train, eval, sample, ...) of a run's log.jsonl."""
     from gpt.trainlog import read_log
@@ -151,7 +143,7 @@ def corpus_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shakespeare_text_path(corpus_path):
-    """The generated corpus, under the name the older tests know it by (it stands where tinyshakespeare did)."""
+    """The generated corpus, under the name test_hf.py knows it by (it stands where tinyshakespeare did)."""
     return corpus_path
 
 
