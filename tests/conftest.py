@@ -1,16 +1,25 @@
+"""
+What the tests share: the repository root, the subprocess runner for the scripts users type, a tiny model
+configuration, dataset writers, and the data the tests need, made here: a generated play-like English corpus
+(instead of tinyshakespeare) and GPT-2's BPE ranks, found locally or downloaded once.
+
+A fresh clone needs nothing beside it. `../shared/data` (or $NANOGPT_SHARED_DATA) may hold gpt2.tiktoken, the
+ranks file for offline machines.
+"""
+import hashlib
 import os
+import random
+import re
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+SHARED = os.environ.get("NANOGPT_SHARED_DATA") or os.path.join(os.path.dirname(ROOT), "shared", "data")
 sys.path.insert(0, ROOT)
 
-# GPT-2 BPE offline: tiktoken cannot download its files here, so point the loader at the local ranks file.
-_ranks = os.path.join(SHARED, "gpt2.tiktoken")
-if os.path.exists(_ranks):
-    os.environ.setdefault("GPT2_TIKTOKEN_FILE", _ranks)
 # One OpenMP/MKL thread per torch process, this one (torch is imported after this file) and every script the
 # tests start: two processes at once on CI's 2 cores (DDP ranks, test_errors' pool, pytest -n 2) each with
 # threads that spin-wait for a core the other holds ran 5-12x slower than with one thread each.
@@ -19,34 +28,209 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300):
+    """Run a script (or `-c code`) of the repository as a user would: `python script args` in the repository,
+    or torchrun with nproc processes. One thread per process (see above). check: it must exit 0 without a
+    traceback. Returns the CompletedProcess (text stdout and stderr)."""
+    launcher = [*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    r = subprocess.run([*launcher, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    if check:
+        what = " ".join(map(str, [script, *args]))
+        assert r.returncode == 0, f"{what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r
+
+
+def flags(**kw):
+    """--key=value command-line flags."""
+    return [f"--{k}={v}" for k, v in kw.items()]
+
+
+def tiny(**overrides):
+    """The settings of a tiny GPT that trains in seconds on one CPU thread: float32, no dropout, no compile."""
+    return dict(dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
+                     eval_interval=4, eval_iters=2, log_interval=1, warmup_iters=2, lr_decay_iters=12,
+                     learning_rate=3e-3, dropout=0.0, compile=False, device="cpu", dtype="float32"), **overrides)
+
+
+def log_rows(out_dir, kind="train"):
+    """The rows of one kind (train, eval, sample, ...) of a run's log.jsonl."""
+    from gpt.trainlog import read_log
+    return [row for row in read_log(out_dir) if row["kind"] == kind]
+
+
+# ---- data the tests make themselves ----------------------------------------------------------------------
+
+# tinyshakespeare's 65 characters, so that a character-level dataset of the corpus has its vocabulary
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SPEAKERS = ["First Citizen", "Second Citizen", "All", "ROMEO", "JULIET", "MERCUTIO", "KING HENRY VI",
+             "QUEEN ELIZABETH", "DUKE VINCENTIO", "LADY CAPULET", "GLOUCESTER", "BUCKINGHAM", "PETRUCHIO",
+             "KATHARINA", "WARWICK", "YORK", "FRIAR LAURENCE", "Nurse", "Messenger", "ZOUNDS"]
+_WORDS = dict(
+    det="the a my thy his her our your this that no every".split(),
+    adj="good noble sweet fair gentle poor proud old young dear true false brave cruel heavy quiet".split(),
+    noun=("lord lady king queen heart love night day death life blood crown sword world time man woman son "
+          "father mother friend grace hand eye head word news city people house honour fortune tongue "
+          "soul heaven earth hour matter cause duty peace war corn citizen").split(),
+    verb=("love hate speak hear know see bear give take kill fear keep make tell leave bring seek find "
+          "call pray swear serve stay follow mark answer").split(),
+    past="loved spoke heard knew saw bore gave took killed feared kept made told left brought sought".split(),
+    adv="well now here there so still never ever too away again".split(),
+    prep="of to in for with by from upon against within".split(),
+    pron="I thou he she we you they".split(),
+    interj="O Alas Nay Ay Come Well Peace Fie Good".split(),
+    name="Romeo Juliet Caius Marcius Tybalt Edward Clarence Lucio Bianca Hastings Rivers Yorick".split(),
+    odd="we'll o'er know't 'tis ne'er e'en well-met half-blown ha'".split(),
+)
+_SENTENCES = [
+    "{det} {adj} {noun} {past} {det} {noun}.",
+    "{pron} {verb} {det} {noun} {prep} {det} {adj} {noun}.",
+    "{interj}, {name}! {pron} {verb} {det} {noun} {adv}.",
+    "what {noun} is this, that {pron} {verb} {det} {noun}?",
+    "{pron} {odd} {verb} {det} {noun}; {pron} {verb} {adv}.",
+    "let us {verb} {det} {noun}, and {verb} {det} {adj} {noun}!",
+    "{det} {noun} of {det} {noun} {past} {adv}: {adj} {noun}.",
+    "{pron} will {verb} {det} {adj} {noun} {prep} {det} {noun}.",
+]
+
+
+def english_corpus(chars=300_000, seed=0):
+    """A deterministic play in English-like verse, about `chars` characters: speakers' names in capitals, a
+    colon, a few lines of grammatical sentences over a small vocabulary, a blank line. Learnable like
+    tinyshakespeare (bigrams first, then words), with exactly its 65 characters."""
+    rng = random.Random(seed)
+    zipf = {k: [1 / (i + 1) for i in range(len(v))] for k, v in _WORDS.items()}
+
+    def sentence():
+        text = re.sub(r"\{(\w+)\}", lambda m: rng.choices(_WORDS[m[1]], zipf[m[1]])[0], rng.choice(_SENTENCES))
+        return text[0].upper() + text[1:]
+
+    parts = ["First Citizen:\nBefore we proceed any further, hear me speak.\n\n",
+             "All:\nSpeak, speak.\n\n",
+             # every character once, the rare ones included
+             "JACK, QUIZ, WAXY BLOWFISH & VEX'D PYGMY:\nThe quick brown fox jumps over 3 lazy dogs; $ zero?\n\n"]
+    size = sum(map(len, parts))
+    while size < chars:
+        lines, line = [], ""
+        for _ in range(rng.randint(1, 6)):
+            s = sentence()
+            if line and len(line) + len(s) > 60:
+                lines.append(line)
+                line = s
+            else:
+                line = f"{line} {s}" if line else s
+        lines.append(line)
+        speech = f"{rng.choice(_SPEAKERS)}:\n" + "\n".join(lines) + "\n\n"
+        parts.append(speech)
+        size += len(speech)
+    text = "".join(parts)
+    assert set(text) == set(CHARS), set(text) ^ set(CHARS)
+    return text
+
 
 @pytest.fixture(scope="session")
-def shakespeare_text_path():
-    path = os.path.join(SHARED, "tinyshakespeare.txt")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} not present")
+def corpus_path(tmp_path_factory):
+    """A text file of english_corpus(): the tests' tinyshakespeare."""
+    path = tmp_path_factory.mktemp("corpus") / "input.txt"
+    path.write_text(english_corpus(), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text_path(corpus_path):
+    """The generated corpus, under the name test_hf.py knows it by (it stands where tinyshakespeare did)."""
+    return corpus_path
+
+
+def _local_gpt2_ranks():
+    """A GPT-2 BPE ranks file on this machine, without the network: $GPT2_TIKTOKEN_FILE, the shared data
+    folder, or tiktoken's cache of r50k_base (the same ranks). Returns (path or None, the places looked)."""
+    from_env = os.environ.get("GPT2_TIKTOKEN_FILE")
+    cache = (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+             or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    url = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+    places = ([from_env] if from_env else []) + [os.path.join(SHARED, "gpt2.tiktoken"),
+                                                 os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())]
+    return next((p for p in places if os.path.isfile(p)), None), places
+
+
+# GPT-2 BPE offline: tiktoken cannot download its files here, so point the loader at a local ranks file
+_ranks, _ = _local_gpt2_ranks()
+if _ranks:
+    os.environ["GPT2_TIKTOKEN_FILE"] = _ranks
+
+
+@pytest.fixture(scope="session")
+def gpt2_ranks_path(tmp_path_factory):
+    """A GPT-2 BPE ranks file, also in $GPT2_TIKTOKEN_FILE for the scripts the tests start: found on this
+    machine, else written from tiktoken's download. Skips only offline with no ranks file anywhere."""
+    path, places = _local_gpt2_ranks()
+    if path is None:
+        import base64
+
+        import tiktoken
+        try:
+            enc = tiktoken.get_encoding("gpt2")
+        except Exception as e:
+            pytest.skip(f"GPT-2 BPE: no ranks file found ({', '.join(places)}) and tiktoken's download failed "
+                        f"({type(e).__name__}); set GPT2_TIKTOKEN_FILE to a gpt2.tiktoken file")
+        path = str(tmp_path_factory.mktemp("gpt2") / "gpt2.tiktoken")
+        with open(path, "w") as f:
+            f.writelines(f"{base64.b64encode(token).decode()} {rank}\n"
+                         for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
+    os.environ["GPT2_TIKTOKEN_FILE"] = path
     return path
 
 
-@pytest.fixture(scope="session")
-def gpt2_ranks_path():
-    if not os.path.exists(_ranks):
-        pytest.skip(f"{_ranks} not present")
-    return _ranks
-
-
-def write_char_dataset(folder, text_path, chars=100000):
+def write_char_dataset(folder, text_path, chars=100000, extra_chars=""):
     """A character-level dataset of the first `chars` characters of text_path in folder: meta.json, and
-    train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. Returns the folder."""
+    train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. extra_chars join the
+    vocabulary (for prompts or HellaSwag examples with characters the text lacks). Returns the folder."""
     from gpt.data import write_meta, write_tokens
     from gpt.tokenizer import char_meta, get_tokenizer
-    with open(text_path) as f:
-        text = f.read()
-    meta = char_meta(text)
+    with open(text_path, encoding="utf-8") as f:
+        text = f.read()[:chars]
+    meta = char_meta(text + extra_chars)
     os.makedirs(folder, exist_ok=True)
     write_meta(folder, meta)
-    ids = get_tokenizer(meta).encode(text[:chars])
-    split = chars * 9 // 10
+    ids = get_tokenizer(meta).encode(text)
+    split = len(text) * 9 // 10
     write_tokens(os.path.join(folder, "train.bin"), ids[:split])
     write_tokens(os.path.join(folder, "val.bin"), ids[split:])
     return folder
+
+
+def write_ids_dataset(folder, ids, itos, val=0.1, shards=False):
+    """A dataset of given token ids over a character vocabulary itos, with meta.json: train.bin / val.bin,
+    val the last `val` of the ids, as prepare.py splits; or with shards=True two llm.c shards,
+    t_val_000000.bin the first `val` of the ids and t_train_000001.bin the rest, as fineweb's. Returns it."""
+    import json
+
+    import numpy as np
+
+    from gpt.data import write_shard
+    os.makedirs(folder, exist_ok=True)
+    ids = np.asarray(ids)
+    n_val = int(len(ids) * val)
+    meta = {"tokenizer": "char", "vocab_size": len(itos), "dtype": "uint16", "itos": list(itos)}
+    if shards:
+        write_shard(os.path.join(folder, "t_val_000000.bin"), ids[:n_val])
+        write_shard(os.path.join(folder, "t_train_000001.bin"), ids[n_val:])
+    else:
+        ids.astype(np.uint16)[:len(ids) - n_val].tofile(os.path.join(folder, "train.bin"))
+        ids.astype(np.uint16)[len(ids) - n_val:].tofile(os.path.join(folder, "val.bin"))
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return folder
+
+
+def counting_ids(n, noise=0.1, stride=1, vocab=16, seed=0):
+    """A learnable sequence of n ids: counting up through the vocabulary (by stride), with some noise."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return (np.arange(n) * stride + (rng.random(n) < noise) * rng.integers(0, vocab, n)) % vocab

@@ -16,19 +16,16 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import write_char_dataset
+from conftest import ROOT, flags, tiny, write_char_dataset
 
 from gpt import dashboard
 from gpt.errors import UserError
 from gpt.trainlog import read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")
 # goes on until the test stops it (SIGTERM: checkpoint and exit), however fast or slow this machine is
-TRAIN = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
-             learning_rate=3e-3, eval_interval=20, eval_iters=2, log_interval=5, warmup_iters=10,
-             lr_decay_iters=1000, max_iters=100000, dropout=0.0, compile=False, device="cpu", dtype="float32",
+TRAIN = tiny(batch_size=8, eval_interval=20, log_interval=5, warmup_iters=10, lr_decay_iters=1000, max_iters=100000,
              sample_interval=20, num_samples_train=2, sample_max_tokens=24, sample_prompt="ROMEO:")
 
 
@@ -67,9 +64,9 @@ def get(url):
 
 
 @pytest.fixture(scope="module")
-def char_data(shakespeare_text_path, tmp_path_factory):
+def char_data(corpus_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("dashboard_data")
-    write_char_dataset(d, shakespeare_text_path)
+    write_char_dataset(d, corpus_path)
     return d
 
 
@@ -98,7 +95,8 @@ def test_log_is_served_in_complete_rows_from_an_offset(tmp_path, monkeypatch):
         if not answer["more"]:
             break
     assert got == rows * 5
-    assert dashboard.read_rows(tmp_path / "missing.jsonl", 0) == {"offset": 0, "rows": [], "more": False, "reset": False}
+    assert dashboard.read_rows(tmp_path / "missing.jsonl", 0) == {"offset": 0, "rows": [], "more": False,
+                                                                  "reset": False}
 
 
 def test_dashboard_script_serves_a_finished_run(tmp_path):
@@ -197,14 +195,15 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
     sync_playwright = browser_or_skip()
     out_dir = tmp_path / "out"
     args = ["train.py", f"--data_dir={char_data}", "--dataset=chars", f"--out_dir={out_dir}", "--dashboard=True",
-            "--dashboard_port=0", *[f"--{k}={v}" for k, v in TRAIN.items()]]
+            "--dashboard_port=0", *flags(**TRAIN)]
     proc, line, lines = start(args, "dashboard: http://127.0.0.1:")
     try:
         with sync_playwright() as p:
             browser = launch(p)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url_in(line))
-            count = lambda: page.evaluate("[+document.body.dataset.trainRows || 0, +document.body.dataset.evalRows || 0]")
+            count = lambda: page.evaluate(
+                "[+document.body.dataset.trainRows || 0, +document.body.dataset.evalRows || 0]")
             page.wait_for_function("+document.body.dataset.trainRows > 0", timeout=60000)
             first_train, _ = count()
             # live: more rows arrive without reloading, evaluations and samples among them

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from conftest import run as run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = max(2, min(4, os.cpu_count() or 2))
 ITOS = list("abcdefghijklmnop")  # the tiny datasets' 16 characters
 
@@ -31,7 +31,6 @@ SAMPLE_BASE = ["--device=cpu", "--num_samples=1", "--max_new_tokens=5"]
 def write_dataset(folder, train=None, val=None, vocab_size=16, meta=True, train_bytes=None):
     """train.bin / val.bin / meta.json, written directly (None leaves a file out)."""
     os.makedirs(folder, exist_ok=True)
-    rng = np.random.default_rng(0)
     if train is not None:
         with open(os.path.join(folder, "train.bin"), "wb") as f:
             f.write(np.asarray(train, dtype=np.uint16).tobytes() if train_bytes is None else train_bytes)
@@ -49,8 +48,7 @@ def good_ids(n, seed=0):
 
 
 def run(script, args, timeout=180):
-    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_script(script, *args, check=False, timeout=timeout)
 
 
 class Shared:
@@ -146,10 +144,12 @@ CASES = [
     ("float16_on_cpu", "train.py", lambda tmp, s: ["--dtype=float16"], ["float16"]),
     ("eval_iters_zero", "train.py", lambda tmp, s: ["--eval_iters=0"], ["eval_iters"]),
     ("bin_not_whole_tokens", "train.py",
-     lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), [0], good_ids(100), train_bytes=bytes(2001))}"],
+     lambda tmp, s: ["--data_dir=" + write_dataset(os.path.join(tmp, 'd'), [0], good_ids(100),
+                                                   train_bytes=bytes(2001))],
      ["train.bin", "2001 bytes"]),
     ("token_ids_beyond_vocab", "train.py",
-     lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), good_ids(4000), good_ids(100), vocab_size=8)}"],
+     lambda tmp, s: ["--data_dir=" + write_dataset(os.path.join(tmp, 'd'), good_ids(4000), good_ids(100),
+                                                   vocab_size=8)],
      ["train.bin", "token id 15", "vocab_size 8"]),
     ("dataset_shorter_than_block", "train.py",
      lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), good_ids(10), good_ids(100))}"],

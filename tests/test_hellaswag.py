@@ -6,13 +6,12 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
 import torch
+from conftest import run
 from torch.nn import functional as F
 
 from gpt import hardware, hellaswag
@@ -20,7 +19,6 @@ from gpt.errors import UserError
 from gpt.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_RE = re.compile(r"^HellaSwag acc_norm: (\d\.\d{4})  acc: (\d\.\d{4})  \((\d+) examples\)$", re.M)
 
 # in the official jsonl's format; endings of quite different lengths, one context longer than small models' blocks
@@ -326,12 +324,7 @@ def checkpoint_dir(tmp_path_factory):
 
 
 def script(*args, torchrun=False):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun \
-        else [sys.executable]
-    r = subprocess.run([*launcher, "hellaswag.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, f"{args} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert "Traceback" not in r.stderr, r.stderr
-    return r.stdout
+    return run("hellaswag.py", *args, nproc=2 if torchrun else 1).stdout
 
 
 def test_script(checkpoint_dir, val_file, examples, preds):
@@ -344,9 +337,8 @@ def test_script(checkpoint_dir, val_file, examples, preds):
 
 def test_script_errors_are_one_line(checkpoint_dir, tmp_path):
     missing = tmp_path / "missing.jsonl"
-    r = subprocess.run([sys.executable, "hellaswag.py", "--init_from=resume", f"--out_dir={checkpoint_dir}",
-                        f"--path={missing}", "--device=cpu"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = run("hellaswag.py", "--init_from=resume", f"--out_dir={checkpoint_dir}", f"--path={missing}", "--device=cpu",
+            check=False)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (f"error: no HellaSwag file at {missing}: "
                                 f"give the path of hellaswag_val.jsonl or its folder")

@@ -5,26 +5,19 @@ attention, the model's helpers, checkpoints, and a training run of config/train_
 """
 import math
 import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import log_rows, run
 
 from gpt.checkpoint import model_from_checkpoint
 from gpt.errors import UserError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-STEP_RE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
-
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """As ENV, for the models run in this process."""
+    """One thread, as conftest gives the scripts, for the models run in this process."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -92,37 +85,29 @@ def test_checkpoints_record_the_family_and_old_ones_are_gpt2():
     assert old.lm_head.weight is old.transformer.wte.weight
 
 
-def run(script, *args):
-    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=ENV)
-    assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert "Traceback" not in r.stderr, r.stderr
-    return r.stdout
-
-
-def test_llama_trains_on_shakespeare_char_resumes_and_samples(shakespeare_text_path, tmp_path):
+def test_llama_trains_on_shakespeare_char_resumes_and_samples(corpus_path, tmp_path):
     data_dir, out_dir = tmp_path / "data", tmp_path / "out"
-    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", shakespeare_text_path, "--out_dir", data_dir)
+    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", corpus_path, "--out_dir", data_dir)
     # the config file, shrunk to a CPU run of steps of 512 tokens: 100 steps, then resumed to 150
     train = lambda steps, *more: run(
         "train.py", "config/train_llama_shakespeare_char.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
         "--n_layer=2", "--n_head=4", "--n_kv_head=2", "--n_embd=64", "--block_size=32", "--batch_size=16",
         "--dropout=0.0", "--learning_rate=2e-3", f"--max_tokens={steps * 512}", f"--warmup_tokens={10 * 512}",
         "--lr_decay_tokens=76800", "--eval_interval=50", "--eval_iters=10", "--log_interval=50",
-        "--compile=False", "--device=cpu", "--dtype=float32", *more)
+        "--compile=False", "--device=cpu", "--dtype=float32", *more).stdout
     log = train(100)
     assert "max_tokens=51,200 -> max_iters=100" in log
     resumed = train(150, "--init_from=resume")
     assert "Resuming training from" in resumed
-    evals = [(int(n), float(v)) for n, _, v in STEP_RE.findall(log + resumed)]
-    assert [n for n, _ in evals] == [0, 50, 100, 150], (log + resumed)[-2000:]
+    evals = [(row["step"], row["val_loss"]) for row in log_rows(out_dir, "eval")]
+    assert [n for n, _ in evals] == [0, 50, 100, 150], evals
     assert abs(evals[0][1] - math.log(65)) < 0.2
     assert all(b[1] < a[1] for a, b in zip(evals, evals[1:])) and evals[-1][1] < 2.7, evals
     ckpt = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=True)
     assert ckpt["iter_num"] == 150
     assert ckpt["model_args"]["family"] == "llama" and ckpt["model_args"]["tie_embeddings"] is False
-    out = run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=1", "--max_new_tokens=60")
+    out = run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=1", "--max_new_tokens=60").stdout
     assert "tokenizer: char (65 tokens)" in out
     text = out.split("tokenizer: char (65 tokens)\n", 1)[1].split("\n---------------\n")[0]
-    with open(shakespeare_text_path, encoding="utf-8") as f:
+    with open(corpus_path, encoding="utf-8") as f:
         assert len(text) == 61 and set(text) <= set(f.read())

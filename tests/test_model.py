@@ -74,7 +74,8 @@ def test_weight_tying_and_param_count():
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_kv_cache_greedy_generation_matches_uncached(prompt_len, family):
     # llama with grouped-query attention: the cache holds the 2 key/value heads the 4 query heads share
-    model = (tiny(family="llama", n_kv_head=2, bias=False, tie_embeddings=False) if family == "llama" else tiny()).eval()
+    llama = dict(family="llama", n_kv_head=2, bias=False, tie_embeddings=False)
+    model = (tiny(**llama) if family == "llama" else tiny()).eval()
     idx = torch.randint(0, 101, (2, prompt_len))
     # 40 new tokens runs past block_size=32, so the cropping path is exercised too
     cached = model.generate(idx, 40, temperature=0, use_cache=True)

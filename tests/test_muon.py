@@ -9,7 +9,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from test_resilience import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
+from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 from test_stepgraph import B, Scaled, T, V, batches, fake_capture, plain_step
 
 from gpt import muon, stepgraph

@@ -9,13 +9,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from gpt.data import find_dataset, list_shards, open_shard, write_shard
 from gpt.errors import UserError
 from gpt.loader import make_loader
 from gpt.trainlog import read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

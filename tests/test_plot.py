@@ -4,15 +4,12 @@ plot.py: a run's log becomes a PNG of its curves; panels follow what the log hol
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run
 
 import plot
 from gpt.errors import UserError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_log(out_dir, hellaswag=False):
@@ -42,9 +39,7 @@ def png_size(path):
 
 def test_plot_writes_the_curves(tmp_path):
     write_log(tmp_path / "plain")
-    r = subprocess.run([sys.executable, "plot.py", f"--out_dir={tmp_path / 'plain'}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    run("plot.py", f"--out_dir={tmp_path / 'plain'}")
     assert png_size(tmp_path / "plain" / "curves.png") == (1200, 1200)  # loss x 2, lr, grad norm, tokens/s
     write_log(tmp_path / "hs", hellaswag=True)
     plot.main([f"--out_dir={tmp_path / 'hs'}", f"--output={tmp_path / 'report' / 'run.png'}"])

@@ -1,25 +1,51 @@
+"""
+data/<dataset>/prepare.py: shakespeare_char, shakespeare (GPT-2 BPE), fetching tinyshakespeare; openwebtext
+--local with datasets as people hold them (compressed jsonl and csv, a save_to_disk DatasetDict's own
+validation split, --streaming giving the same bytes); data/text, "your own text": a folder of text files ->
+data/<name>/ with characters or a BPE trained on it, that config/train_text.py trains on and sample.py samples.
+"""
+import csv
+import gzip
 import io
 import json
 import os
 import random
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
+from conftest import SHARED, run
 
 from gpt.data import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
 from gpt.errors import UserError
 from gpt.tokenizer import get_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the texts prepared: the generated corpus always; tinyshakespeare too where the shared data folder has it,
+# with the split sizes nanoGPT's readme gives (characters, GPT-2 tokens)
+TINY_SHAKESPEARE = os.path.join(SHARED, "tinyshakespeare.txt")
+TEXTS = ["generated"] + (["tinyshakespeare"] if os.path.exists(TINY_SHAKESPEARE) else [])
+NANOGPT_SPLITS = {"char": (1_003_854, 111_540), "gpt2": (301_966, 36_059)}
 
 
 def prepare(dataset, *args, env=None):
-    cmd = [sys.executable, os.path.join("data", dataset, "prepare.py"), *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return run(os.path.join("data", dataset, "prepare.py"), *args, env=env, check=False)
+
+
+@pytest.fixture(params=TEXTS)
+def text_path(request, corpus_path):
+    return corpus_path if request.param == "generated" else TINY_SHAKESPEARE
+
+
+def expected_splits(text_path, tok):
+    """(train, val) lengths in tokens: nanoGPT's for tinyshakespeare; the first 90% of the characters else."""
+    if text_path == TINY_SHAKESPEARE:
+        return NANOGPT_SPLITS[tok.name]
+    text = read_text(text_path)
+    cut = int(len(text) * 0.9)
+    if tok.name == "char":
+        return cut, len(text) - cut
+    return len(tok.enc.encode_ordinary(text[:cut])), len(tok.enc.encode_ordinary(text[cut:]))
 
 
 def read_text(path):
@@ -33,26 +59,26 @@ def decode_splits(out_dir):
     return tok, [open_tokens(os.path.join(out_dir, f"{s}.bin"), meta["dtype"]) for s in ("train", "val")]
 
 
-def test_shakespeare_char(shakespeare_text_path, tmp_path):
-    r = prepare("shakespeare_char", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+def test_shakespeare_char(text_path, tmp_path):
+    r = prepare("shakespeare_char", "--input", text_path, "--out_dir", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "vocab size: 65" in r.stdout
     meta = read_meta(tmp_path)
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == 65 and len(meta["itos"]) == 65
     tok, (train, val) = decode_splits(tmp_path)
-    assert (len(train), len(val)) == (1_003_854, 111_540)  # nanoGPT's numbers
-    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+    assert (len(train), len(val)) == expected_splits(text_path, tok)
+    assert tok.decode(train) + tok.decode(val) == read_text(text_path)
     assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
 
 
-def test_shakespeare_bpe(shakespeare_text_path, gpt2_ranks_path, tmp_path):
-    r = prepare("shakespeare", "--input", shakespeare_text_path, "--out_dir", tmp_path)
+def test_shakespeare_bpe(text_path, gpt2_ranks_path, tmp_path):
+    r = prepare("shakespeare", "--input", text_path, "--out_dir", tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "meta.json").read_text()) == {
         "tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256}
     tok, (train, val) = decode_splits(tmp_path)
-    assert (len(train), len(val)) == (301_966, 36_059)  # nanoGPT's numbers
-    assert tok.decode(train) + tok.decode(val) == read_text(shakespeare_text_path)
+    assert (len(train), len(val)) == expected_splits(text_path, tok)
+    assert tok.decode(train) + tok.decode(val) == read_text(text_path)
 
 
 def test_openwebtext_local(gpt2_ranks_path, tmp_path):
@@ -115,3 +141,121 @@ def test_tiny_shakespeare_offline(monkeypatch, tmp_path):
     with pytest.raises(UserError, match="could not download .*pass --input"):
         tiny_shakespeare(None, tmp_path)
     assert os.listdir(tmp_path) == []  # nothing that a later run could take for the text
+
+
+# openwebtext --local: datasets as people hold them
+
+DOCS = [f"document number {i} " * (i % 7 + 1) for i in range(40)]
+
+
+def prepare_local(*args):
+    return run("data/openwebtext/prepare.py", "--num_proc=1", "--val_fraction=0.1", *args).stdout
+
+
+def tokens(folder, split):
+    return np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=np.uint16)
+
+
+def test_jsonl_gz_csv_and_streaming_give_the_same_bytes(tmp_path, gpt2_ranks_path):
+    with gzip.open(tmp_path / "docs.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in DOCS)
+    with open(tmp_path / "docs.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["text", "id"]] + [[d, i] for i, d in enumerate(DOCS)])
+    prepare_local("--local", tmp_path / "docs.jsonl.gz", "--out_dir", tmp_path / "a")
+    prepare_local("--local", tmp_path / "docs.jsonl.gz", "--out_dir", tmp_path / "b", "--streaming")
+    prepare_local("--local", tmp_path / "docs.csv", "--out_dir", tmp_path / "c")
+    for split in ("train", "val"):
+        assert tokens(tmp_path / "a", split).tobytes() == tokens(tmp_path / "b", split).tobytes()
+        assert tokens(tmp_path / "a", split).tobytes() == tokens(tmp_path / "c", split).tobytes()
+    assert (tokens(tmp_path / "a", "val") == 50256).sum() == 4  # ceil(40 * 0.1) documents
+
+
+def test_a_dataset_dicts_validation_split_is_val(tmp_path, gpt2_ranks_path):
+    import datasets
+
+    from gpt.data import load_documents
+    from gpt.tokenizer import gpt2_encoding
+    dd = datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": DOCS[:30]}),
+                              validation=datasets.Dataset.from_dict({"text": DOCS[30:]}))
+    dd.save_to_disk(str(tmp_path / "saved"))
+    out = prepare_local("--local", tmp_path / "saved", "--out_dir", tmp_path / "o")
+    assert "'validation' split (10 documents) as val" in out
+    enc = gpt2_encoding()
+    expect = [t for d in DOCS[30:] for t in enc.encode_ordinary(d) + [50256]]
+    assert tokens(tmp_path / "o", "val").tolist() == expect
+    out = prepare_local("--local", tmp_path / "saved", "--out_dir", tmp_path / "s", "--streaming")
+    assert tokens(tmp_path / "s", "val").tolist() == expect
+    assert tokens(tmp_path / "s", "train").tobytes() == tokens(tmp_path / "o", "train").tobytes()
+    # the streaming code path on local files: an IterableDataset
+    stream = load_documents(str(tmp_path / "saved"), None, "text", streaming=True)
+    assert isinstance(stream, datasets.IterableDataset) and [r["text"] for r in stream] == DOCS[:30]
+
+
+# data/text/prepare.py: your own text
+
+TEXT_TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=1",
+        "--max_iters=3", "--eval_interval=3", "--device=cpu", "--compile=False", "--dropout=0.0"]
+
+
+@pytest.fixture
+def texts(tmp_path, corpus_path):
+    with open(corpus_path) as f:
+        text = f.read()
+    folder = tmp_path / "texts"
+    (folder / "part2").mkdir(parents=True)
+    (folder / "a.txt").write_text(text[:6000])
+    (folder / "part2" / "b.md").write_text(text[6000:9000])
+    (folder / "ignored.bin").write_text("\x00 not text")
+    return folder, text
+
+
+def test_char_folder_trains_and_samples(tmp_path, texts):
+    folder, text = texts
+    data = tmp_path / "mine"
+    r = run("data/text/prepare.py", "--input", folder, "--out_dir", data, "--block_size=32")
+    assert "2 file(s), 9,000 characters" in r.stdout
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["tokenizer"] == "char"
+    train = np.fromfile(data / "train.bin", dtype=np.uint16)
+    val = np.fromfile(data / "val.bin", dtype=np.uint16)
+    assert (len(train), len(val)) == (8100, 900)  # the files in path order, joined; the last 10% is val
+    assert "".join(meta["itos"][i] for i in np.concatenate([train, val])) == text[:9000]
+    out = tmp_path / "out"
+    run("train.py", "config/train_text.py", f"--data_dir={data}", f"--out_dir={out}", *TEXT_TINY)
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20")
+    assert "---------------" in r.stdout
+
+
+def test_trained_bpe_separates_documents_with_eot(tmp_path, texts):
+    folder, _ = texts
+    data = tmp_path / "bpe"
+    # one block's worth at least: 10% of the tokens is fewer than --block_size + 1
+    run("data/text/prepare.py", "--input", folder / "a.txt", folder / "part2" / "b.md", "--out_dir", data,
+        "--tokenizer=train", "--vocab_size=300", "--block_size=700")
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["tokenizer"] == "hf" and (data / "tokenizer.json").exists()
+    ids = np.concatenate([np.fromfile(data / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert len(np.fromfile(data / "val.bin", dtype=np.uint16)) == 701
+    assert (ids == meta["eot"]).sum() == 2 and ids[-1] == meta["eot"]  # after each of the two documents
+    out = tmp_path / "out"
+    run("train.py", "config/train_text.py", f"--data_dir={data}", f"--out_dir={out}", *TEXT_TINY)
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=3", "--max_new_tokens=40",
+            "--top_p=0.9", "--stop_at_eot=True", "--start=<|endoftext|>")
+    assert "(300 tokens)" in r.stdout
+    # each sample is printed up to its first new end-of-text: only the prompt's is left
+    assert r.stdout[r.stdout.index("tokenizer:"):].count("<|endoftext|>") == 3
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--top_p=1.5", check=False)
+    assert r.returncode != 0 and r.stderr.startswith("error: ") and "top_p" in r.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--input", "nowhere.txt", "--name=x"], ["nowhere.txt", "does not exist"]),
+    (["--input", "README.md"], ["--name"]),
+    (["--input", "README.md", "--name=a/b"], ["--name", "plain folder name"]),
+    (["--input", "README.md", "--name=x", "--block_size=100000"], ["too few", "--block_size"]),
+])
+def test_text_mistakes_are_one_line(args, words):
+    r = run("data/text/prepare.py", *args, check=False)
+    assert r.returncode != 0
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert all(w in r.stderr for w in words), r.stderr

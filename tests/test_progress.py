@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import torch
+from conftest import ROOT
 
 from gpt import evaluation, hardware
 from gpt.data import write_meta, write_tokens
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Terminal(io.StringIO):

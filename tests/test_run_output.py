@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from gpt.data import write_meta, write_tokens
 from gpt.trainlog import read_log, step_line
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
             eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
             compile=False, device="cpu", dtype="float32", dataset="tiny", warmup_iters=2, lr_decay_iters=6,

@@ -3,26 +3,21 @@ The learning-rate schedule and the token budget: max_tokens / warmup_tokens / lr
 run as the iteration settings they stand for, stop at the right step, and are logged with the percent done;
 ckpt_every_tokens keeps checkpoints named with tokens and val loss, the last keep_checkpoints of them.
 """
-import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from conftest import flags, log_rows, run, tiny
 
 from gpt import schedule
 from gpt.checkpoint import load_checkpoint
 from gpt.data import write_meta, write_tokens
 from gpt.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, gradient_accumulation_steps=1,
-            eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
-            compile=False, device="cpu", dtype="float32", dataset="tiny")
+# the schedule's own settings (warmup, decay) are each test's
+TINY = {k: v for k, v in tiny(n_layer=1, n_embd=16, block_size=16, eval_interval=100, learning_rate=1e-2,
+                              min_lr=1e-3, dataset="tiny").items() if k not in ("warmup_iters", "lr_decay_iters")}
 TOKENS_PER_ITER = 4 * 16
-# one thread per process: on a busy 2-core machine, OpenMP threads that spin-wait for each other run 10-30x slower
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 DEFAULTS = dict(max_iters=600000, warmup_iters=2000, lr_decay_iters=600000)
 
 
@@ -72,14 +67,7 @@ def data_dir(tmp_path_factory):
 
 
 def train(data_dir, out_dir, **kw):
-    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
-    return subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
-
-
-def rows(out_dir, kind):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [row for row in map(json.loads, f) if row["kind"] == kind]
+    return run("train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags(**{**TINY, **kw}), check=False)
 
 
 def test_a_token_budget_runs_the_same_schedule_and_keeps_checkpoints(data_dir, tmp_path):
@@ -90,14 +78,14 @@ def test_a_token_budget_runs_the_same_schedule_and_keeps_checkpoints(data_dir, t
               ckpt_every_tokens=200, keep_checkpoints=2)
     assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
     assert "max_tokens=758 -> max_iters=12" in b.stdout and "warmup_tokens=192 -> warmup_iters=3" in b.stdout
-    train_a, train_b = rows(by_iters, "train"), rows(by_tokens, "train")
+    train_a, train_b = log_rows(by_iters, "train"), log_rows(by_tokens, "train")
     assert [r["step"] for r in train_b] == list(range(12))  # stopped at the step that reached the budget
     assert [(r["lr"], r["loss"], r["tokens"]) for r in train_a] == [(r["lr"], r["loss"], r["tokens"]) for r in train_b]
     assert [r["percent"] for r in train_b] == pytest.approx([100 * (n + 1) / 12 for n in range(12)])
     assert re.search(r"^iter 11: .*, 768 tokens \(100\.0%\)$", b.stdout, re.M), b.stdout[-1500:]
     # a checkpoint at the first step past each 200 tokens (steps 4, 7, 10), after an evaluation for its name;
     # the last two kept, beside ckpt.pt
-    evals = {r["step"]: r for r in rows(by_tokens, "eval")}
+    evals = {r["step"]: r for r in log_rows(by_tokens, "eval")}
     assert sorted(evals) == [0, 4, 7, 10, 12] and evals[12]["percent"] == 100.0
     kept = sorted(f for f in os.listdir(by_tokens) if f.startswith("ckpt-tok"))
     assert kept == [f"ckpt-tok{t}-val{evals[s]['val_loss']:.4f}.pt" for t, s in ((448, 7), (640, 10))]

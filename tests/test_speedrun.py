@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_resilience import data_dir, train  # noqa: F401 (data_dir is a fixture)
+from conftest import ROOT
+from test_checkpoint import data_dir, train  # noqa: F401 (data_dir is a fixture)
 
 from gpt.evaluation import full_split_loss
 from model import GPT, GPTConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import speedrun  # noqa: E402
 

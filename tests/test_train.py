@@ -1,55 +1,32 @@
 """
-End to end through the real command line: prepare shakespeare_char, train a tiny GPT on the CPU, sample
-from it, resume it, and sample from a checkpoint laid out the way nanoGPT writes them.
+End to end through the real command line: prepare shakespeare_char (from the generated corpus), train a tiny
+GPT on the CPU, sample from it, resume it, and sample from a checkpoint laid out the way nanoGPT writes them.
 """
 import json
 import math
 import os
 import pickle
-import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import ROOT, flags, log_rows, run, tiny
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# a model that learns shakespeare_char's bigrams in a few hundred CPU iterations (~10 s)
-TINY = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, batch_size=16, gradient_accumulation_steps=1,
-            learning_rate=2e-3, min_lr=1e-4, eval_interval=100, eval_iters=10, log_interval=10,
-            warmup_iters=20, lr_decay_iters=300, dropout=0.0, compile=False, device='cpu', dtype='float32')
+# a model that learns the corpus' bigrams in a few hundred CPU iterations (~10 s)
+TINY = tiny(n_embd=64, batch_size=16, learning_rate=2e-3, min_lr=1e-4, eval_interval=100, eval_iters=10,
+            log_interval=10, warmup_iters=20, lr_decay_iters=300)
 MAX_ITERS = 300
-STEP_RE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
-ITER_RE = re.compile(r"^iter (\d+): loss ([\d.]+)", re.M)
 SEPARATOR = "\n---------------\n"
 
 
-def flags(**kw):
-    return [f"--{k}={v}" for k, v in kw.items()]
-
-
-def run(script, *args, cwd=ROOT, timeout=120):
-    r = subprocess.run([sys.executable, script, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, f"{script} {' '.join(map(str, args))} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
-
-
 def train(data_dir, out_dir, **kw):
-    cfg = {**TINY, 'max_iters': MAX_ITERS, **kw}
     return run("train.py", f"--data_dir={data_dir}", "--dataset=shakespeare_char", f"--out_dir={out_dir}",
-               *flags(**cfg))
+               *flags(**{**TINY, 'max_iters': MAX_ITERS, **kw}))
 
 
-def steps(log):
-    return [(int(n), float(t), float(v)) for n, t, v in STEP_RE.findall(log)]
-
-
-def iters(log):
-    return [(int(n), float(loss)) for n, loss in ITER_RE.findall(log)]
+def evals(out_dir):
+    """(step, train loss, val loss) of each evaluation in the run's log."""
+    return [(r["step"], r["train_loss"], r["val_loss"]) for r in log_rows(out_dir, "eval")]
 
 
 def load(out_dir):
@@ -66,9 +43,9 @@ def samples(stdout):
 
 
 @pytest.fixture(scope="session")
-def char_data(shakespeare_text_path, tmp_path_factory):
+def char_data(corpus_path, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("shakespeare_char") / "data"
-    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", shakespeare_text_path,
+    run(os.path.join("data", "shakespeare_char", "prepare.py"), "--input", corpus_path,
         "--out_dir", data_dir)
     with open(data_dir / "meta.json", encoding="utf-8") as f:
         meta = json.load(f)
@@ -78,11 +55,11 @@ def char_data(shakespeare_text_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained(char_data, tmp_path_factory):
-    """A 300-iteration run: (out_dir, its log)."""
+    """A 300-iteration run: its out_dir."""
     data_dir, _ = char_data
     out_dir = tmp_path_factory.mktemp("run") / "out"
-    r = train(data_dir, out_dir)
-    return out_dir, r.stdout
+    train(data_dir, out_dir)
+    return out_dir
 
 
 @pytest.fixture(scope="session")
@@ -90,34 +67,34 @@ def resumed(char_data, trained, tmp_path_factory):
     """The 300-iteration run, resumed (in a copy of its out_dir) up to 400: (out_dir, its log)."""
     data_dir, _ = char_data
     out_dir = tmp_path_factory.mktemp("resumed") / "out"
-    shutil.copytree(trained[0], out_dir)
+    shutil.copytree(trained, out_dir)
     r = train(data_dir, out_dir, init_from="resume", max_iters=MAX_ITERS + 100)
     return out_dir, r.stdout
 
 
 @pytest.fixture(scope="session")
 def sampled(trained):
-    out_dir, _ = trained
-    return run("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--num_samples=2", "--max_new_tokens=100").stdout
+    return run("sample.py", f"--out_dir={trained}", "--device=cpu", "--num_samples=2",
+               "--max_new_tokens=100").stdout
 
 
 def test_training_lowers_the_loss(trained):
-    out_dir, log = trained
-    evals = steps(log)
-    assert [n for n, _, _ in evals] == [0, 100, 200, 300], log[-2000:]
-    first_val, last_val = evals[0][2], evals[-1][2]
+    e = evals(trained)
+    assert [n for n, _, _ in e] == [0, 100, 200, 300], e
+    first_val, last_val = e[0][2], e[-1][2]
     assert abs(first_val - math.log(65)) < 0.2  # an untrained model guesses uniformly over 65 characters
-    assert last_val < 2.7, evals  # bigram statistics alone get well below ln 65 = 4.17
-    assert all(b[2] < a[2] for a, b in zip(evals, evals[1:])), evals
-    assert sorted(os.listdir(out_dir)) == ["ckpt.pt", "log.jsonl"]  # no temp files left by the atomic writes
+    assert last_val < 2.7, e  # bigram statistics alone get well below ln 65 = 4.17
+    assert all(b[2] < a[2] for a, b in zip(e, e[1:])), e
+    assert [r["step"] for r in log_rows(trained)] == list(range(0, MAX_ITERS, 10))
+    assert sorted(os.listdir(trained)) == ["ckpt.pt", "log.jsonl"]  # no temp files left by the atomic writes
 
 
 def test_checkpoint_is_nanogpt_layout(trained):
-    out_dir, log = trained
+    out_dir = trained
     ckpt = load(out_dir)  # weights_only=True: plain data only
     assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config"} <= set(ckpt)
     assert ckpt["iter_num"] == MAX_ITERS
-    assert ckpt["best_val_loss"] == pytest.approx(min(v for _, _, v in steps(log)), abs=1e-4)
+    assert ckpt["best_val_loss"] == pytest.approx(min(v for _, _, v in evals(out_dir)), abs=1e-4)
     assert not [k for k in ckpt["model"] if k.startswith(("_orig_mod.", "module."))]
     assert ckpt["model_args"] == dict(n_layer=2, n_head=2, n_embd=64, block_size=32, bias=False,
                                       vocab_size=65, dropout=0.0)
@@ -132,7 +109,7 @@ def test_checkpoint_is_nanogpt_layout(trained):
 
 
 def test_checkpoint_config_holds_only_settings(trained):
-    ckpt = load(trained[0])
+    ckpt = load(trained)
     # train.py's own module-level values (its launch time, say) are not settings
     assert not {k for k in ckpt["config"] if "launch" in k}
 
@@ -148,15 +125,15 @@ def test_sample_writes_the_datasets_characters(char_data, sampled):
 
 
 def test_resume_continues_where_it_stopped(trained, resumed):
-    _, log_before = trained
     out_dir, log = resumed
     assert "Resuming training from" in log
     # no fresh start: the first evaluation is skipped (the checkpoint was saved right after it), and the
-    # first iteration is the checkpoint's
-    assert [n for n, _, _ in steps(log)] == [MAX_ITERS + 100], log[-2000:]
-    first_iter, first_loss = iters(log)[0]
-    assert first_iter == MAX_ITERS
-    last_loss_before = steps(log_before)[-1][1]  # train loss at the last evaluation before
+    # first iteration is the checkpoint's; the log goes on from the checkpoint's rows, without repeats
+    assert [n for n, _, _ in evals(out_dir)] == [0, 100, 200, 300, MAX_ITERS + 100]
+    rows = log_rows(out_dir)
+    assert [r["step"] for r in rows] == list(range(0, MAX_ITERS + 100, 10))
+    first_loss = rows[MAX_ITERS // 10]["loss"]  # the resumed run's first iteration, MAX_ITERS
+    last_loss_before = evals(trained)[-1][1]  # train loss at the last evaluation before
     assert abs(first_loss - last_loss_before) < 0.3, (first_loss, last_loss_before)
     assert first_loss < math.log(65) - 1
     ckpt = load(out_dir)
@@ -181,7 +158,7 @@ def test_nanogpt_checkpoint_samples(trained, sampled, tmp_path):
     """A checkpoint as nanoGPT writes it: torch.compile's `_orig_mod.` prefixes, the causal-mask buffers of
     its non-flash attention, a tensor best_val_loss, no dataset metadata inside; the characters are in
     data/<dataset>/meta.pkl beside the scripts."""
-    ckpt = load(trained[0])
+    ckpt = load(trained)
     nano = {
         "model": {f"_orig_mod.{k}": v for k, v in ckpt["model"].items()},
         "optimizer": ckpt["optimizer"],
@@ -222,6 +199,6 @@ def test_cuda_graph_is_off_with_a_note_where_it_cannot_run(char_data, tmp_path):
     data_dir, _ = char_data
     r = train(data_dir, tmp_path / "out", max_iters=20, eval_interval=20, cuda_graph=True)
     assert "cuda_graph: off (needs a CUDA GPU, not cpu)" in r.stdout
-    assert [n for n, _, _ in steps(r.stdout)] == [0, 20]
+    assert [n for n, _, _ in evals(tmp_path / "out")] == [0, 20]
     state = load(tmp_path / "out")['optimizer']
     assert all(type(g['lr']) is float and g['capturable'] is False for g in state['param_groups'])

@@ -1,24 +1,24 @@
+"""
+Token files: the llm.c shard format, listing shards, and data/fineweb/prepare.py writing them.
+"""
 import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run as run_script
 
-from gpt.data import list_shards, open_shard, read_meta
+from gpt.data import list_shards, open_shard, read_meta, write_shard
 from gpt.errors import UserError
 from gpt.tokenizer import gpt2_encoding
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD = 2000
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return run_script(*args, env=env, check=False)
 
 
 def prepare(src, out, cache, *extra):
@@ -136,7 +136,7 @@ def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
     foreign.write_bytes(np.random.default_rng(0).bytes(5000))
     with pytest.raises(UserError, match=f"{foreign} is not a token shard: bad magic"):
         open_shard(foreign)
-    script = "import sys, errors, datafiles; errors.install(); datafiles.open_shard(sys.argv[1])"
+    script = "import sys; from gpt import data, errors; errors.install(); data.open_shard(sys.argv[1])"
     for path, words in [(truncated, "truncated"), (foreign, "not a token shard")]:
         r = run("-c", script, path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -162,3 +162,52 @@ def test_user_mistakes_are_one_line(gpt2_ranks_path, tmp_path):
     src.write_text("just a few words", encoding="utf-8")
     r = prepare(src, tmp_path / "out", tmp_path / "hf_cache")
     assert r.returncode == 2 and "lower --shard_size" in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_shard_format_is_llmc(tmp_path):
+    path = tmp_path / "x_train_000001.bin"
+    write_shard(path, [5, 6, 65535])
+    raw = path.read_bytes()
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    assert list(header[:3]) == [20240520, 1, 3] and not header[3:].any()
+    assert np.frombuffer(raw[1024:], dtype="<u2").tolist() == [5, 6, 65535]
+    assert open_shard(path).tolist() == [5, 6, 65535]
+    write_shard(path, [70000], "uint32")
+    assert np.frombuffer(path.read_bytes()[:12], dtype="<i4").tolist() == [20240520, 2, 1]
+    assert open_shard(path).dtype == np.uint32 and open_shard(path).tolist() == [70000]
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        write_shard(path, [65536])
+    assert open_shard(path).tolist() == [70000]  # the failed write left the old file alone
+    write_shard(path, [])
+    assert len(open_shard(path)) == 0
+    assert sorted(os.listdir(tmp_path)) == ["x_train_000001.bin"]  # no temporary files left
+
+
+def test_shard_errors(tmp_path):
+    path = tmp_path / "s_train_000001.bin"
+    write_shard(path, np.arange(100))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(UserError, match=r"s_train_000001.bin is truncated: header says 100 tokens, file holds 95"):
+        open_shard(path)
+    write_shard(path, np.arange(100))
+    path.write_bytes(path.read_bytes() + b"xx")
+    with pytest.raises(UserError, match="corrupt"):
+        open_shard(path)
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 7, 0]
+    path.write_bytes(header.tobytes())
+    with pytest.raises(UserError, match="unknown shard version 7"):
+        open_shard(path)
+    path.write_bytes(b"hello")
+    with pytest.raises(UserError, match="not a token shard"):
+        open_shard(path)
+
+
+def test_list_shards(tmp_path):
+    for name in ["f_train_000002.bin", "f_train_000001.bin", "f_val_000000.bin", "f_train_000003.bin.x.tmp",
+                 "train.bin", "meta.json"]:
+        (tmp_path / name).write_bytes(b"")
+    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "train")] == ["f_train_000001.bin",
+                                                                                  "f_train_000002.bin"]
+    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "val")] == ["f_val_000000.bin"]
+    assert list_shards(str(tmp_path / "missing"), "train") == []

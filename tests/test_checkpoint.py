@@ -11,49 +11,31 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
+from conftest import ROOT, counting_ids, log_rows, run, tiny, write_ids_dataset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from gpt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from gpt.data import read_meta  # noqa: E402
-from gpt.errors import UserError  # noqa: E402
+from gpt.checkpoint import load_checkpoint, save_checkpoint
+from gpt.data import read_meta
+from gpt.errors import UserError
 
 # dropout on, so resuming must restore the random state too, not just weights and optimizer
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=2,
-            eval_interval=5, eval_iters=2, warmup_iters=3, lr_decay_iters=20, learning_rate=3e-3,
-            dropout=0.1, compile=False, device="cpu", dtype="float32", log_interval=1, dataset="tiny")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TINY = tiny(gradient_accumulation_steps=2, eval_interval=5, warmup_iters=3, lr_decay_iters=20, dropout=0.1,
+            dataset="tiny")
 
 
 def flags(**kw):
     return [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
 
 
-def train(data_dir, out_dir, *args, ddp=False, check=True, timeout=240):
-    cmd = (TORCHRUN if ddp else [sys.executable]) + ["train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r
-
-
-def log_rows(out_dir, kind="train"):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [row for row in map(json.loads, f) if row["kind"] == kind]
+def train(data_dir, out_dir, *args, ddp=False, check=True):
+    return run("train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, nproc=2 if ddp else 1,
+               check=check)
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    ids = (np.arange(30000) + (rng.random(30000) < 0.2) * rng.integers(0, 16, 30000)) % 16
-    ids.astype(np.uint16)[:27000].tofile(d / "train.bin")
-    ids.astype(np.uint16)[27000:].tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmnop")}))
-    return d
+    return write_ids_dataset(tmp_path_factory.mktemp("data"), counting_ids(30000, noise=0.2), "abcdefghijklmnop")
 
 
 @pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp-gloo"])
@@ -114,9 +96,8 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_pat
     n = int(stopped[0].split()[3].rstrip(";"))
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
     assert ckpt["iter_num"] == n and n >= 6  # no eval happened: the checkpoint is the signal's
-    r = train(data_dir, out, *flags(max_iters=n + 3, eval_interval=100000, init_from="resume"))
-    assert [row["step"] for row in log_rows(out)] == list(range(n + 3))
-    assert f"iter {n}: loss" in r.stdout
+    train(data_dir, out, *flags(max_iters=n + 3, eval_interval=100000, init_from="resume"))
+    assert [row["step"] for row in log_rows(out)] == list(range(n + 3))  # rows n.. are the resumed run's
 
 
 def test_second_signal_exits_at_once(tmp_path):
@@ -136,10 +117,10 @@ def test_kill_9_during_saves_never_breaks_the_checkpoint(data_dir, tmp_path):
     rnd = random.Random(0)
     # a checkpoint every step, killed at random moments, again and again
     args = flags(max_iters=100000, eval_interval=1, eval_iters=1)
-    for attempt in range(4):
+    for _ in range(4):
         resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
-        proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *args, *resume],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *args,
+                                 *resume], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         before = sum(1 for _ in open(out / "log.jsonl")) if (out / "log.jsonl").exists() else 0
         wait_for_rows(out, before + 4, proc)  # past a save or two (an eval row and a train row a step)
         time.sleep(rnd.uniform(0.0, 1.0))
@@ -197,8 +178,7 @@ runpy.run_path({root!r} + "/train.py", run_name="__main__")
 def run_poisoned(data_dir, out, bad, *args, tmp_path):
     wrapper = tmp_path / "poisoned_train.py"
     wrapper.write_text(NAN_WRAPPER.format(root=ROOT, bad=bad))
-    return subprocess.run([sys.executable, str(wrapper), f"--data_dir={data_dir}", f"--out_dir={out}", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    return run(wrapper, f"--data_dir={data_dir}", f"--out_dir={out}", *args, check=False)
 
 
 def test_nonfinite_steps_are_skipped_and_counted(data_dir, tmp_path):
@@ -217,7 +197,8 @@ def test_nonfinite_steps_are_skipped_and_counted(data_dir, tmp_path):
 def test_nonfinite_run_stops_with_clear_message_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     out = tmp_path / "out"
     train(data_dir, out, *flags(max_iters=5))
-    r = run_poisoned(data_dir, out, {-1}, *flags(max_iters=30, init_from="resume", max_nonfinite_steps=3), tmp_path=tmp_path)
+    r = run_poisoned(data_dir, out, {-1}, *flags(max_iters=30, init_from="resume", max_nonfinite_steps=3),
+                     tmp_path=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: stopping: 3 steps in a row had a non-finite loss or gradient"), r.stderr[-2000:]
@@ -232,8 +213,10 @@ def test_checkpoint_whose_weights_do_not_fit_its_shape(data_dir, tmp_path):
     ckpt["model_args"]["n_embd"] = 64
     torch.save(ckpt, out / "ckpt.pt")
     for script in ("train.py", "sample.py"):
-        args = [f"--out_dir={out}", "--device=cpu"] + ([f"--data_dir={data_dir}", "--init_from=resume"] if script == "train.py" else [])
-        r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        args = [f"--out_dir={out}", "--device=cpu"]
+        if script == "train.py":
+            args += [f"--data_dir={data_dir}", "--init_from=resume"]
+        r = run(script, *args, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith("error:") and "ckpt.pt" in last and "do not match" in last, last

@@ -1,10 +1,13 @@
+"""
+SequentialShards: every window read once per epoch across ranks, exact resume from its state.
+"""
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from gpt.data import list_shards, open_shard, write_shard
+from gpt.data import write_shard
 from gpt.errors import UserError
 from gpt.loader import SequentialShards
 
@@ -29,55 +32,6 @@ def loaders(paths, world_size=W):
 
 def steps_per_epoch(lengths=LENGTHS):
     return sum((n - 1) // (B * T * W) for n in lengths)
-
-
-def test_shard_format_is_llmc(tmp_path):
-    path = tmp_path / "x_train_000001.bin"
-    write_shard(path, [5, 6, 65535])
-    raw = path.read_bytes()
-    header = np.frombuffer(raw[:1024], dtype="<i4")
-    assert list(header[:3]) == [20240520, 1, 3] and not header[3:].any()
-    assert np.frombuffer(raw[1024:], dtype="<u2").tolist() == [5, 6, 65535]
-    assert open_shard(path).tolist() == [5, 6, 65535]
-    write_shard(path, [70000], "uint32")
-    assert np.frombuffer(path.read_bytes()[:12], dtype="<i4").tolist() == [20240520, 2, 1]
-    assert open_shard(path).dtype == np.uint32 and open_shard(path).tolist() == [70000]
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        write_shard(path, [65536])
-    assert open_shard(path).tolist() == [70000]  # the failed write left the old file alone
-    write_shard(path, [])
-    assert len(open_shard(path)) == 0
-    assert sorted(os.listdir(tmp_path)) == ["x_train_000001.bin"]  # no temporary files left
-
-
-def test_shard_errors(tmp_path):
-    path = tmp_path / "s_train_000001.bin"
-    write_shard(path, np.arange(100))
-    path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(UserError, match=r"s_train_000001.bin is truncated: header says 100 tokens, file holds 95"):
-        open_shard(path)
-    write_shard(path, np.arange(100))
-    path.write_bytes(path.read_bytes() + b"xx")
-    with pytest.raises(UserError, match="corrupt"):
-        open_shard(path)
-    header = np.zeros(256, dtype="<i4")
-    header[:3] = [20240520, 7, 0]
-    path.write_bytes(header.tobytes())
-    with pytest.raises(UserError, match="unknown shard version 7"):
-        open_shard(path)
-    path.write_bytes(b"hello")
-    with pytest.raises(UserError, match="not a token shard"):
-        open_shard(path)
-
-
-def test_list_shards(tmp_path):
-    for name in ["f_train_000002.bin", "f_train_000001.bin", "f_val_000000.bin", "f_train_000003.bin.x.tmp",
-                 "train.bin", "meta.json"]:
-        (tmp_path / name).write_bytes(b"")
-    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "train")] == ["f_train_000001.bin",
-                                                                                  "f_train_000002.bin"]
-    assert [os.path.basename(p) for p in list_shards(str(tmp_path), "val")] == ["f_val_000000.bin"]
-    assert list_shards(str(tmp_path / "missing"), "train") == []
 
 
 def test_two_ranks_read_every_window_once_per_epoch(tmp_path):

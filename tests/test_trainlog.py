@@ -11,44 +11,30 @@ import sys
 
 import pytest
 import torch
+from conftest import flags, run, tiny, write_char_dataset
 
-from gpt.data import write_meta, write_tokens
-from gpt.tokenizer import char_meta, get_tokenizer
 from gpt.trainlog import read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=1,
-            eval_interval=3, eval_iters=2, warmup_iters=2, lr_decay_iters=12, learning_rate=3e-3, dropout=0.0,
-            compile=False, device="cpu", dtype="float32", log_interval=1, dataset="chars", wandb_log=True,
-            wandb_project="nanogpt-test", wandb_run_name="tiny", hellaswag_interval=3, sample_interval=3,
-            num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")
+TINY = tiny(eval_interval=3, dataset="chars", wandb_log=True, wandb_project="nanogpt-test", wandb_run_name="tiny",
+            hellaswag_interval=3, sample_interval=3, num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")
 HELLASWAG = {"ind": 0, "activity_label": "Cooking", "ctx_a": "A man is in a kitchen.", "ctx_b": "he",
              "ctx": "A man is in a kitchen. he", "split": "val", "split_type": "indomain", "label": 0,
              "endings": ["cuts an onion.", "sings.", "sleeps.", "opens the fridge."], "source_id": "x~0"}
 
 
 @pytest.fixture(scope="module")
-def chars(tmp_path_factory, shakespeare_text_path):
+def chars(tmp_path_factory, corpus_path):
     """A character dataset whose characters cover the HellaSwag example's too."""
-    d = tmp_path_factory.mktemp("wandb_chars")
-    with open(shakespeare_text_path) as f:
-        text = f.read()[:20000]
-    meta = char_meta(text + json.dumps(HELLASWAG))
-    write_meta(d, meta)
-    ids = get_tokenizer(meta).encode(text)
-    write_tokens(d / "train.bin", ids[:18000])
-    write_tokens(d / "val.bin", ids[18000:])
+    d = write_char_dataset(tmp_path_factory.mktemp("wandb_chars"), corpus_path, chars=20000,
+                           extra_chars=json.dumps(HELLASWAG))
     (d / "hellaswag_val.jsonl").write_text(json.dumps(HELLASWAG) + "\n")
     return d
 
 
 def train(data_dir, out_dir, wandb_dir, **kw):
-    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
            "HELLASWAG_DIR": str(data_dir)}  # its hellaswag_val.jsonl
-    r = subprocess.run([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
-                       cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    run("train.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}", *flags(**{**TINY, **kw}), env=env)
 
 
 def records(run_folder):
@@ -105,7 +91,8 @@ def test_wandb_offline_run_holds_the_config_and_every_metric_and_resumes(chars, 
         assert (h["val/loss"], h["eval/train_loss"], h["val/perplexity"], h["hellaswag/acc_norm"], h["hellaswag/acc"]) \
                == (r["val_loss"], r["train_loss"], r["perplexity"], r["hellaswag"], r["hellaswag_acc"])
     # the samples, as a table each time
-    assert [h["step"] for h in history(recs) if h.get("samples._type") == "table-file"] == [0, 3, 6]
+    # none at step 0 (untrained weights, since 0138db0)
+    assert [h["step"] for h in history(recs) if h.get("samples._type") == "table-file"] == [3, 6]
     for path in glob.glob(os.path.join(first, "files", "media", "table", "samples_*.table.json")):
         with open(path) as f:
             table = json.load(f)

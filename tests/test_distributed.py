@@ -1,0 +1,227 @@
+"""
+Scaling out on the CPU with gloo, two processes launched by torchrun as on a GPU node: DDP over two
+processes computes what one process does with twice the accumulation, ranks end with identical parameters
+and only rank 0 writes; FSDP2 computes what DDP does, resumes exactly, and its sharded checkpoint converts to a
+ckpt.pt; a rank that dies brings the run down instead of hanging it.
+"""
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, counting_ids, flags, log_rows, run, tiny, write_ids_dataset
+
+from gpt.checkpoint import load_checkpoint
+
+# float32 and no dropout: the runs must agree to rounding
+# 4 micro-steps: 2 per rank, so gradient accumulation without a reduction in between is exercised too
+TINY = tiny(gradient_accumulation_steps=4, lr_decay_iters=8)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    ids = counting_ids(40000, stride=7)
+    return write_ids_dataset(tmp_path_factory.mktemp("shards"), ids, "abcdefghijklmn \n", val=0.2, shards=True)
+
+
+def train(shards, out_dir, nproc=1, script="train.py", check=True, **kw):
+    return run(script, f"--data_dir={shards}", f"--out_dir={out_dir}", *flags(**{**TINY, **kw}), nproc=nproc,
+               check=check)
+
+
+def losses(out_dir):
+    return [row["loss"] for row in log_rows(out_dir)]
+
+
+@pytest.fixture(scope="module")
+def runs(shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    out = {name: tmp / name for name in ("one", "ddp", "fsdp", "fsdp_halves")}
+    train(shards, out["one"], max_iters=8)
+    train(shards, out["ddp"], nproc=2, max_iters=8)
+    train(shards, out["fsdp"], nproc=2, max_iters=8, parallelism="fsdp")
+    train(shards, out["fsdp_halves"], nproc=2, max_iters=4, parallelism="fsdp")
+    r = train(shards, out["fsdp_halves"], nproc=2, max_iters=8, parallelism="fsdp", init_from="resume")
+    out["resume_log"] = r.stdout
+    return out
+
+
+def test_two_processes_compute_what_one_does_with_twice_the_accumulation(runs):
+    # the sequential loader hands rank 1 the window that micro-step 2 of a single process would read
+    one, ddp = losses(runs["one"]), losses(runs["ddp"])
+    assert len(one) == len(ddp) == 8
+    np.testing.assert_allclose(ddp, one, rtol=0, atol=1e-5)
+    a = torch.load(runs["one"] / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(runs["ddp"] / "ckpt.pt", weights_only=True)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+
+
+def test_fsdp_computes_what_ddp_does(runs):
+    np.testing.assert_allclose(losses(runs["fsdp"]), losses(runs["ddp"]), rtol=0, atol=1e-5)
+    files = sorted(os.listdir(runs["fsdp"] / "ckpt_dcp"))
+    assert "train_state.pt" in files and len([f for f in files if f.endswith(".distcp")]) == 2  # a part per rank
+
+
+def test_fsdp_resumes_exactly(runs):
+    assert "Resuming training from" in runs["resume_log"] and "ckpt_dcp" in runs["resume_log"]
+    assert losses(runs["fsdp_halves"]) == losses(runs["fsdp"])  # bitwise
+
+
+def test_sharded_checkpoint_converts_for_sampling(runs, shards):
+    out = runs["fsdp"]
+    run("convert_checkpoint.py", f"--out_dir={out}")
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    ddp = torch.load(runs["ddp"] / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] == 8 and ckpt["model_args"] == ddp["model_args"]
+    for k in ddp["model"]:
+        torch.testing.assert_close(ckpt["model"][k], ddp["model"][k], rtol=0, atol=1e-5)
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20")
+    assert set(r.stdout.split("tokenizer: char (16 tokens)\n")[1].split("---")[0]) <= set("abcdefghijklmn \n")
+
+
+def test_fsdp_needs_several_processes_and_ddp_resume_names_the_fix(runs, shards, tmp_path):
+    r = train(shards, tmp_path / "x", check=False, max_iters=2, parallelism="fsdp")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: parallelism=fsdp needs several")
+    r = train(shards, runs["fsdp_halves"], check=False, max_iters=10, init_from="resume")
+    assert r.returncode == 2 and "--parallelism=fsdp" in r.stderr.strip().splitlines()[-1]
+
+
+DYING_RANK = '''
+import os, runpy, sys
+sys.path.insert(0, {root!r})
+import model
+calls, forward = [0], model.GPT.forward
+def dies(self, *a, **k):
+    calls[0] += 1
+    if os.environ["RANK"] == "1" and calls[0] == 6:
+        os._exit(3)  # as if the GPU or the node went away
+    return forward(self, *a, **k)
+model.GPT.forward = dies
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path({root!r} + "/train.py", run_name="__main__")
+'''
+
+
+def test_a_dying_rank_ends_the_whole_run(shards, tmp_path):
+    wrapper = tmp_path / "dying.py"
+    wrapper.write_text(DYING_RANK.format(root=ROOT))
+    t0 = time.time()
+    r = train(shards, tmp_path / "out", nproc=2, script=str(wrapper), check=False, max_iters=1000,
+              eval_interval=1000, dist_timeout_minutes=1)
+    assert r.returncode != 0
+    assert time.time() - t0 < 120  # torchrun stops the surviving rank; nothing waits for a collective forever
+
+
+# DistributedDataParallel, each rank dumping what it ended with
+DDP_TINY = tiny(gradient_accumulation_steps=2, max_iters=10, eval_interval=5, lr_decay_iters=10,
+                learning_rate=1e-3, dataset="tiny")
+STEP_RE = re.compile(r"^(?:\[rank\d\]: )?step (\d+): train loss", re.M)
+
+# Runs train.py inside each rank like torchrun would, then saves what that rank ended with. It imports
+# nothing from the repository itself: train.py's globals (runpy returns them) hold the rank's model.
+RANK_DUMP = '''
+import os, runpy, sys
+import torch
+root, dump_dir = sys.argv[1], sys.argv[2]
+sys.path.insert(0, root)
+script = os.path.join(root, "train.py")
+sys.argv = [script] + sys.argv[3:]
+g = runpy.run_path(script, run_name="__main__")
+torch.save({"model": g["raw_model"].state_dict(), "iter_num": g["iter_num"],
+            "next_batch": g["train_loader"].next_batch()[0]},
+           os.path.join(dump_dir, f"rank{os.environ['RANK']}.pt"))
+'''
+
+
+def torchrun(script, *args):
+    return run(script, *args, nproc=2, check=False)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    # a learnable sequence: mostly counting up through the alphabet, with some noise
+    return write_ids_dataset(tmp_path_factory.mktemp("tiny_data"), counting_ids(20000), "abcdefghijklmnop")
+
+
+def dump_run(tmp, data_dir, out_dir, **kw):
+    """torchrun the rank-dumping wrapper; returns (completed process, {rank: dump})."""
+    dump_dir = tmp / f"dumps-{out_dir.name}"
+    dump_dir.mkdir()
+    helper = tmp / "rank_dump.py"
+    helper.write_text(RANK_DUMP)
+    r = torchrun(str(helper), ROOT, dump_dir, f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+                 *flags(**{**DDP_TINY, **kw}))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, {rank: torch.load(dump_dir / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("ddp")
+    out_dir = tmp / "out"
+    r, dumps = dump_run(tmp, data_dir, out_dir)
+    return tmp, out_dir, r, dumps
+
+
+def test_ranks_end_with_identical_parameters(ddp_run):
+    _, out_dir, r, dumps = ddp_run
+    assert "Traceback" not in r.stderr
+    assert dumps[0]["iter_num"] == dumps[1]["iter_num"] == DDP_TINY["max_iters"]
+    # the ranks trained on different batches (different data streams)...
+    assert not torch.equal(dumps[0]["next_batch"], dumps[1]["next_batch"])
+    # ...yet gradients were averaged, so every parameter is the same on both
+    m0, m1 = dumps[0]["model"], dumps[1]["model"]
+    assert m0.keys() == m1.keys()
+    for k in m0:
+        assert torch.equal(m0[k], m1[k]), k
+    # and the checkpoint holds exactly those weights, without DDP's module. prefix
+    ckpt = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert ckpt["model"].keys() == m0.keys()
+    for k in m0:
+        assert torch.equal(ckpt["model"][k], m0[k]), k
+    # the micro-steps were split over the ranks: 2 accumulation steps in all, 1 per rank
+    assert ckpt["config"]["gradient_accumulation_steps"] == 2
+    assert "tokens per iteration will be: 256" in r.stdout  # 2 ranks x 1 micro-step x 4 x 32
+
+
+def test_only_rank_zero_writes(ddp_run):
+    _, out_dir, r, _ = ddp_run
+    assert sorted(os.listdir(out_dir)) == ["ckpt.pt", "log.jsonl"]
+    assert [row["step"] for row in log_rows(out_dir, "eval")] == [0, 5, 10]
+    assert [row["step"] for row in log_rows(out_dir)] == list(range(10))
+    # and only rank 0 prints
+    out = r.stdout + r.stderr
+    assert [int(n) for n in STEP_RE.findall(out)] == [0, 5, 10], out[-3000:]
+    assert out.count("saving checkpoint") == 2  # at steps 5 and 10, by one rank
+    assert len(re.findall(r"^(?:\[rank\d\]: )?iter 9: loss", out, re.M)) == 1
+
+
+def test_resumed_ranks_draw_different_batches(ddp_run, data_dir):
+    tmp, out_dir, _, _ = ddp_run
+    resumed = tmp / "resumed"
+    shutil.copytree(out_dir, resumed)
+    r, dumps = dump_run(tmp, data_dir, resumed, init_from="resume", max_iters=14)
+    assert dumps[0]["iter_num"] == 14
+    for k in dumps[0]["model"]:
+        assert torch.equal(dumps[0]["model"][k], dumps[1]["model"][k]), k
+    # every rank must keep its own data stream after a resume, or each step averages copies of one batch
+    assert not torch.equal(dumps[0]["next_batch"], dumps[1]["next_batch"]), \
+        "after resume both ranks draw the same batches"
+
+
+def test_gradient_accumulation_not_divisible_by_ranks(data_dir, tmp_path):
+    r = torchrun("train.py", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}",
+                 *flags(**{**DDP_TINY, "gradient_accumulation_steps": 3}))
+    assert r.returncode != 0
+    assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
+    out = r.stdout + r.stderr
+    # the message must get out although dist.init_process_group wraps sys.excepthook and buffers stderr
+    lines = {re.sub(r"^\[rank\d\]: ", "", line) for line in out.splitlines() if "divisible" in line}
+    assert len(lines) == 1, out[-3000:]
+    line = lines.pop()
+    assert line.startswith("error:") and "gradient_accumulation_steps=3" in line
+    assert 'File "' + os.path.join(ROOT, "train.py") not in out  # no traceback from train.py itself
