@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 from conftest import run as run_script
 
 WORKERS = max(2, min(4, os.cpu_count() or 2))
@@ -132,10 +133,10 @@ CASES = [
      lambda tmp, s: [f"--init_from={s.pretrained()}", "--block_size=64"], ["block_size=64", "32"]),
     ("missing_dataset_folder", "train.py",
      lambda tmp, s: ["--dataset=no_such_dataset", "--data_dir="],
-     ["no_such_dataset", "python data/no_such_dataset/prepare.py"]),
+     ["no_such_dataset", "python data/<fineweb|openwebtext|shakespeare|shakespeare_char|text>/prepare.py"]),
     ("missing_train_bin", "train.py",
      lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), val=good_ids(100))}"],
-     ["train.bin", "python data/tiny/prepare.py"]),
+     ["train.bin", "python data/<fineweb|"]),
     ("unknown_init_from", "train.py", lambda tmp, s: ["--init_from=scartch"], ["init_from", "scartch"]),
     ("resume_without_checkpoint", "train.py", lambda tmp, s: ["--init_from=resume"], ["no checkpoint", "ckpt.pt"]),
     ("unknown_config_key", "train.py", lambda tmp, s: ["--batch_sise=4"], ["batch_sise"]),

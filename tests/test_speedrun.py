@@ -78,7 +78,7 @@ def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa
               "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
               "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=6", "--checkpoint_interval=6", "--eval_iters=1",
               "--warmup_iters=1", "--log_interval=1")
-    assert "cuda_graph: off" in r.stdout and "muon:" in r.stdout
+    assert "muon:" in r.stdout
     evals = speedrun.parse_evals([(0.0, line) for line in r.stdout.splitlines()])
     assert [e["step"] for e in evals] == [0, 6] and all(e["since_launch"] is not None for e in evals)
     step, tokens, loss = speedrun.score(str(out / "ckpt.pt"), str(data_dir / "val.bin"), "cpu", batch_size=4)
