@@ -5,6 +5,9 @@ An entry script defines its configuration as plain module-level globals, then ca
 
     config = configurator.apply(globals(), sys.argv[1:])
 
+A script may pass more settings defined beside the code that uses them, as dicts of name -> default
+(train.py: GPTConfig's fields, Muon's and DDP's options): they are set the same way, in those dicts.
+
 Each argument is either a config file (a Python file, run with the current values in scope, whose
 assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
 string). Later arguments win. Unknown keys and values of the wrong type stop the script with one line
@@ -78,17 +81,19 @@ def _run_config_file(path, config):
     return overrides
 
 
-def apply(g, argv):
-    """Apply config files and --key=value flags in `argv` to the globals `g`; return the final config dict."""
-    keys = config_keys(g)
+def apply(g, argv, *sections):
+    """Apply config files and --key=value flags in `argv` to the globals `g` (and to the dicts `sections`, which
+    hold more settings, updated in place); return the final config dict."""
+    home = {k: g for k in config_keys(g)}  # the dict each setting lives in
+    home.update({k: section for section in sections for k in section if k not in home})
     for arg in argv:
-        config = {k: g[k] for k in keys}
+        config = {k: where[k] for k, where in home.items()}
         if "=" not in arg:
             if arg.startswith("-"):
                 raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
             for key, value in _run_config_file(arg, config).items():
                 print(f"config {arg}: {key} = {value!r}")
-                g[key] = _coerce(key, value, config[key], arg)
+                home[key][key] = _coerce(key, value, config[key], arg)
         else:
             if not arg.startswith("--"):
                 raise UserError(f"cannot parse argument {arg!r}: write --key=value")
@@ -97,5 +102,5 @@ def apply(g, argv):
                 raise UserError(f"unknown config key '{key}' (from {arg})")
             key, value = _parse_flag(arg, config[key])
             print(f"config flag: {key} = {value!r}")
-            g[key] = _coerce(key, value, config[key], arg)
-    return {k: g[k] for k in keys}
+            home[key][key] = _coerce(key, value, config[key], arg)
+    return {k: where[k] for k, where in home.items()}

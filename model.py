@@ -9,7 +9,7 @@ References:
 import inspect
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -69,6 +69,12 @@ class GPTConfig:
         if not self.mlp_hidden:
             # llama: 8/3 x n_embd (three matrices, as many weights as GPT-2's two of 4 x), up to a multiple of 64
             self.mlp_hidden = 4 * self.n_embd if self.family == 'gpt2' else -(-8 * self.n_embd // (3 * 64)) * 64
+
+    @classmethod
+    def options(cls):
+        """{name: default} of the fields beyond nanoGPT's, the loss's and norm_eps: the model switches that
+        train.py takes as settings (--family=llama, --qk_norm=True, ...) besides its own n_layer, n_head, ..."""
+        return {f.name: f.default for f in fields(cls) if f.name not in NANOGPT_ARGS + LOSS_ARGS + ('norm_eps',)}
 
     def checkpoint_args(self):
         """model_args for a checkpoint: nanoGPT's keys, plus the other fields where they differ from their
@@ -411,11 +417,13 @@ class GPT(nn.Module):
             {"params": decay_params, "weight_decay": weight_decay},
             {"params": nodecay_params, "weight_decay": 0.0},
         ]
-        print(f"num decayed parameter tensors: {len(decay_params)}, with {sum(p.numel() for p in decay_params):,} parameters")
-        print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {sum(p.numel() for p in nodecay_params):,} parameters")
+        n_decay, n_nodecay = sum(p.numel() for p in decay_params), sum(p.numel() for p in nodecay_params)
+        print(f"num decayed parameter tensors: {len(decay_params)}, with {n_decay:,} parameters")
+        print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
         # the fused kernel is much faster where it exists
         use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
-        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas,
+                                      **({"fused": True} if use_fused else {}))
         print(f"using fused AdamW: {use_fused}")
         return optimizer
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import checkpoint, distributed, errors, hardware, rundir, schedule, settings, stepgraph
+from gpt import checkpoint, distributed, errors, hardware, muon, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -42,8 +42,8 @@ log_interval = 1
 eval_iters = 200
 eval_only = False  # if True, script exits right after the first eval
 always_save_checkpoint = True  # if True, always save a checkpoint after each eval
-checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and at the end; -1: never
-keep_checkpoints = 0  # keep the last N checkpoints as ckpt-<iter>.pt beside ckpt.pt, and N of the token ones (0: none / all)
+checkpoint_interval = 0  # 0: save at evaluations (see always_save_checkpoint); N: every N steps and the end; -1 never
+keep_checkpoints = 0  # keep the last N as ckpt-<iter>.pt beside ckpt.pt, and N of the token ones (0: none / all)
 ckpt_every_tokens = 0  # N: also keep ckpt-tok<tokens>-val<val loss>.pt each time N more tokens are seen (0: off)
 # in-training HellaSwag ($HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag) and samples, every N steps and at the end
 hellaswag_interval = 0
@@ -73,13 +73,9 @@ n_head = 12
 n_embd = 768
 dropout = 0.0  # for pretraining 0 is good, for finetuning try 0.1+
 bias = False  # do we use bias inside LayerNorm and Linear layers?
-family = 'gpt2'  # 'gpt2' (learned positions, LayerNorm, GELU) or 'llama' (rotary positions, RMSNorm, SwiGLU)
-n_kv_head = 0  # key/value heads: fewer than n_head is grouped-query attention (0: n_head)
-mlp_hidden = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd rounded up to a multiple of 64 for llama)
-rope_theta = 10000.0  # llama: base of the rotary embeddings' frequencies
-tie_embeddings = True  # share the token embedding with the output projection (GPT-2 does, LLaMA does not)
-# speedrun switches (docs/speedrun.md): QK-norm, a 'relu2' MLP, a tanh logit cap, zero-initialised c_proj
-qk_norm, mlp_act, logit_softcap, zero_init_proj = False, 'gelu', 0.0, False
+# the model's other switches are GPTConfig's fields (model.py), settings here too, with its defaults: family
+# ('gpt2' or 'llama'), n_kv_head, mlp_hidden, rope_theta, tie_embeddings, qk_norm, mlp_act, logit_softcap, ...
+model_options = GPTConfig.options()
 # adamw optimizer
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
@@ -98,16 +94,12 @@ lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or wit
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 lr_schedule = 'cosine'  # after the warm-up: 'cosine' (to min_lr), 'constant', or 'wsd' (stable, then linear decay)
 lr_decay_frac = 0.2  # wsd: decay to min_lr over this last fraction of max_iters
-# muon_lr > 0: Muon (gpt/muon.py) for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
-muon_lr, muon_momentum, muon_weight_decay = 0.0, 0.95, 0.0
+muon_options = dict(muon.OPTIONS)  # muon_lr > 0: Muon for the blocks' matrices, AdamW the rest (gpt/muon.py)
 # distributed settings
 backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
-ddp_reduce_dtype = 'float32'  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
-# DDP's bucket_cap_mb (a bucket's all-reduce starts once the backward fills it), gradient_as_bucket_view, static_graph
-ddp_bucket_mb, ddp_bucket_view, ddp_static_graph = 25.0, False, False
-fsdp_reshard_after_forward = True  # fsdp: False keeps gathered weights through a step: faster, more memory
+parallel_options = dict(distributed.OPTIONS)  # ddp_reduce_dtype, ddp_bucket_mb, ...: see gpt/distributed.py
 dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
@@ -117,8 +109,8 @@ fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) 
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
 # -----------------------------------------------------------------------------
-_defaults = dict(globals())  # the settings as defined above, to tell the ones a run sets
-config = configurator.apply(globals(), sys.argv[1:])  # overrides from the command line or a config file
+_defaults = {**globals(), **model_options, **muon_options, **parallel_options}  # to tell the ones a run sets
+config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options, parallel_options)
 # -----------------------------------------------------------------------------
 
 settings.check_train(config)  # values that are the right type but make no sense: one line each
@@ -155,9 +147,7 @@ meta_vocab_size = meta['vocab_size'] if meta else None
 
 # model init
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
-                  dropout=dropout, family=family, n_kv_head=n_kv_head, mlp_hidden=mlp_hidden, rope_theta=rope_theta,
-                  tie_embeddings=tie_embeddings, qk_norm=qk_norm, mlp_act=mlp_act, logit_softcap=logit_softcap,
-                  zero_init_proj=zero_init_proj)  # start with model_args from command line
+                  dropout=dropout, **model_options)  # start with model_args from command line
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
     # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
@@ -216,12 +206,12 @@ raw_model = model  # the unwrapped model: its state dict has no prefixes, and it
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
 model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type),
-                         ddp_reduce_dtype, ddp_bucket_mb, ddp_bucket_view, ddp_static_graph, fsdp_reshard_after_forward)
+                         **distributed.wrap_args(parallel_options))
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, muon_lr,
-                                           muon_momentum, muon_weight_decay, parallelism)
+optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
+                                           parallelism=parallelism, **muon_options)
 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(out_dir, enabled=master_process)

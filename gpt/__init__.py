@@ -15,6 +15,7 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     hf           the bridge to Hugging Face transformers, both directions, GPT-2 and Llama
     generation   the KV cache and the (CUDA-graphed) one-token decode step
     schedule     learning-rate schedule and token budgets
+    muon         the Muon optimizer for the blocks' matrices (AdamW for the rest), as one optimizer
     stepgraph    the whole training step as one CUDA graph
     evaluation   loss estimates and samples during training
     hellaswag    HellaSwag scoring (hellaswag.py and train.py use it)

@@ -1,16 +1,9 @@
 """
-A live web page over a run's log (out_dir/log.jsonl): train and val loss against steps and tokens, the
-learning rate, the gradient norm, tokens/s and MFU, HellaSwag when the run has it, and the latest samples.
-It updates itself while the run goes on, without reloading.
-
-$ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/
-$ python train.py ... --dashboard=True                # the same page, served by the training process
-
-The page is served from 127.0.0.1 only (on a remote machine: ssh -L 8000:127.0.0.1:8000 host), and needs no
-network: its chart library, uPlot, is in gpt/dashboard_static/. The page asks for /log?offset=N and gets the
-log's complete rows from byte N on, and the offset to ask from next time. The page says "live" until the log's
-"end" row (the run finished or was stopped), or, served by dashboard.py rather than the run itself, until
-the log has been quiet for minutes (a crashed or killed run).
+The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with
+dashboard=True, for its own): the page in gpt/dashboard_static/ (uPlot, no network needed), and /log?offset=N,
+which answers the log's complete rows from byte N on and the offset to ask from next time. Only 127.0.0.1 by
+default. Served by the run itself the page says "live" until the log's "end" row; served by dashboard.py,
+also "quiet" once the log has had no rows for minutes (a crashed or killed run).
 """
 import http.server
 import json

@@ -16,6 +16,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.errors import UserError
 
+# train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, with their defaults (the
+# configurator sets them like train.py's own; docs/scaling.md measures them)
+OPTIONS = dict(
+    ddp_reduce_dtype='float32',  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
+    ddp_bucket_mb=25.0,  # DDP's bucket_cap_mb: a bucket's all-reduce starts once the backward has filled it
+    ddp_bucket_view=False,  # DDP's gradient_as_bucket_view: gradients are views into the buckets (less memory)
+    ddp_static_graph=False,  # DDP's static_graph
+    fsdp_reshard_after_forward=True,  # fsdp: False keeps gathered weights through a step: faster, more memory
+)
+
+
+def wrap_args(options):
+    """wrap()'s keyword arguments from OPTIONS-style settings."""
+    return dict(reduce_dtype=options['ddp_reduce_dtype'], bucket_mb=options['ddp_bucket_mb'],
+                bucket_view=options['ddp_bucket_view'], static_graph=options['ddp_static_graph'],
+                reshard_after_forward=options['fsdp_reshard_after_forward'])
+
 
 def init_process(device, backend, timeout_minutes):
     """Under torchrun, join the process group, each process on the GPU of its local rank. Returns (under

@@ -1,17 +1,8 @@
 """
-HellaSwag (https://rowanzellers.com/hellaswag/): pick the right one of four endings for a context, scored
-"completion style" as in build-nanogpt: each ending is appended to the context and the model's loss over
-the ending's tokens decides. acc takes the ending of lowest total loss, acc_norm the lowest loss per token.
-
-$ python hellaswag.py --init_from=gpt2
-$ python hellaswag.py --init_from=resume --out_dir=out --limit=500
-$ torchrun --standalone --nproc_per_node=8 hellaswag.py --init_from=gpt2-xl
-
-Reference numbers on the 10,042 validation examples (build-nanogpt's hellaswag.py, this scoring):
-    OpenAI GPT-2 124M   acc 0.2859  acc_norm 0.2955
-    OpenAI GPT-2 XL     acc 0.3842  acc_norm 0.4893
-    GPT-3 Small (124M), in the GPT-3 paper: 0.337 (its own evaluation)
-train.py can call load_examples once and evaluate at each evaluation.
+HellaSwag scoring, "completion style" as in build-nanogpt: each of the four endings is appended to the
+context, and the model's loss over the ending's tokens decides (acc: lowest total loss; acc_norm: lowest
+loss per token). The data file (load_examples) and the batched, DDP-shared evaluation (evaluate), used by
+hellaswag.py and, during training, by train.py; reference numbers are in hellaswag.py.
 """
 import json
 import os

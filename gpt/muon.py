@@ -31,6 +31,14 @@ from gpt.errors import UserError
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
+# train.py's settings for Muon, with their defaults (the configurator sets them like train.py's own)
+OPTIONS = dict(
+    muon_lr=0.0,  # > 0: Muon for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
+    muon_momentum=0.95,  # Nesterov momentum, as modded-nanogpt
+    muon_weight_decay=0.0,  # decoupled weight decay of the Muon matrices
+)
+
+
 def orthogonalize(G, steps=5, dtype=torch.bfloat16):
     """The approximate zeroth power U V^T of each matrix of G (..., m, n) by `steps` quintic Newton-Schulz
     iterations in `dtype` (bfloat16 on the GPU: the tensor cores' speed, accurate enough for an update)."""

@@ -20,7 +20,8 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         if self.signum is not None:
-            print(f"\n{signal.Signals(signum).name} again: exiting now, without a checkpoint", file=sys.__stderr__, flush=True)
+            print(f"\n{signal.Signals(signum).name} again: exiting now, without a checkpoint", file=sys.__stderr__,
+                  flush=True)
             sys.stdout.flush()
             os._exit(128 + signum)
         self.signum = signum
