@@ -234,3 +234,13 @@ def counting_ids(n, noise=0.1, stride=1, vocab=16, seed=0):
     import numpy as np
     rng = np.random.default_rng(seed)
     return (np.arange(n) * stride + (rng.random(n) < noise) * rng.integers(0, vocab, n)) % vocab
+
+
+@pytest.fixture
+def one_thread():
+    """One thread, as run() gives the scripts, for the models a test runs in its own process."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -36,12 +36,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradien
 CHARS = [chr(c) for c in range(32, 127)]  # 95 printable characters: a char tokenizer for the tiny models
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one thread for the models run here
 
 
 def run(script, *args, check=True):

@@ -14,14 +14,7 @@ from gpt.checkpoint import model_from_checkpoint
 from gpt.errors import UserError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread, as conftest gives the scripts, for the models run in this process."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one thread for the models run here
 
 
 def tiny(**kw):

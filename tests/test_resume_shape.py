@@ -2,7 +2,6 @@
 A resumed model is its checkpoint's: shape settings that disagree are refused in one line, block_size
 defaults to the checkpoint's, and the config the run prints and saves is the one that ran.
 """
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from conftest import write_ids_dataset
+
 from gpt import checkpoint  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
 
@@ -42,12 +43,8 @@ def test_shape_settings_that_differ_are_refused():
 
 
 def test_resume_takes_the_checkpoints_block_size_and_records_what_ran(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    ids = np.random.default_rng(0).integers(0, 16, 3000).astype(np.uint16)
-    ids[:2500].tofile(d / "train.bin")
-    ids[2500:].tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmnop")}))
+    ids = np.random.default_rng(0).integers(0, 16, 3000)
+    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/3000)
     out = tmp_path / "out"
     run = lambda *a: subprocess.run([sys.executable, "train.py", *BASE, f"--data_dir={d}", f"--out_dir={out}", *a],
                                     cwd=ROOT, capture_output=True, text=True, timeout=240)

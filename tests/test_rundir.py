@@ -14,6 +14,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from conftest import write_ids_dataset
+
 from gpt import rundir  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
 
@@ -52,12 +54,8 @@ def test_a_second_run_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, capsy
 
 
 def test_train_py_refuses_a_held_out_dir(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    ids = np.random.default_rng(0).integers(0, 16, 2000).astype(np.uint16)
-    ids[:1500].tofile(d / "train.bin")
-    ids[1500:].tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmnop")}))
+    ids = np.random.default_rng(0).integers(0, 16, 2000)
+    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
     out = tmp_path / "out"
     out.mkdir()
     holder = start_holder(out)

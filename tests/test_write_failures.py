@@ -4,7 +4,6 @@ wraps them - is one `error:` line with the previous checkpoint intact; on a real
 where mounting one is permitted) too, and a run whose last save failed ends with status 2.
 """
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from conftest import write_ids_dataset
+
 from gpt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 
@@ -105,12 +106,8 @@ def fill(folder):
 
 
 def test_a_full_disk_keeps_the_last_checkpoint(small_disk, tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    ids = np.random.default_rng(0).integers(0, 16, 2000).astype(np.uint16)
-    ids[:1500].tofile(d / "train.bin")
-    ids[1500:].tofile(d / "val.bin")
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16, "itos": list("abcdefghijklmnop")}))
+    ids = np.random.default_rng(0).integers(0, 16, 2000)
+    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
     out = small_disk / "out"
     base = [sys.executable, "train.py", "--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32",
             "--block_size=16", "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=1",
