@@ -79,6 +79,16 @@ def test_shards_hold_the_documents_in_order(docs, prepared):
     assert read_meta(str(out))["format"] == "shards"
 
 
+def test_streaming_writes_the_same_shards(prepared, tmp_path):
+    """--streaming reads the documents as they come (an IterableDataset) and writes the same bytes."""
+    src, out, cache = prepared
+    streamed = tmp_path / "streamed"
+    r = prepare(src, streamed, cache, "--streaming")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(streamed)) == sorted(os.listdir(out))
+    assert all((streamed / name).read_bytes() == (out / name).read_bytes() for name in os.listdir(out))
+
+
 def test_document_across_a_shard_boundary_is_intact(docs, prepared):
     _, out, _ = prepared
     shards = [open_shard(p) for p in list_shards(str(out), "val") + list_shards(str(out), "train")]

@@ -74,6 +74,9 @@ def main():
     parser.add_argument("--subset", default="sample-10BT", help="the hub dataset's subset (config name)")
     parser.add_argument("--local", help="local file or folder to read instead of the hub")
     parser.add_argument("--text_column", default="text")
+    parser.add_argument("--streaming", action="store_true",
+                        help="read the documents as they download instead of caching the whole dataset first "
+                             "(the same shards: documents are taken in order either way)")
     parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
@@ -94,7 +97,8 @@ def main():
         datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
 
     # sample-10BT from the hub: about 10B tokens, about 100 shards; the parquet files go to the huggingface cache
-    dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc, subset=args.subset)
+    dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc, subset=args.subset,
+                             streaming=args.streaming)
 
     # fill one shard-sized buffer after another; a document that overflows one continues in the next
     os.makedirs(args.out_dir, exist_ok=True)
