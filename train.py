@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import checkpoint, distributed, errors, hardware, muon, rundir, schedule, settings, stepgraph
+from gpt import checkpoint, distributed, hardware, muon, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
