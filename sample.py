@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt import errors, generation, hardware, settings
+from gpt import generation, hardware, settings
 from gpt.checkpoint import load_model
 from gpt.tokenizer import folder_meta, get_tokenizer
 
@@ -36,8 +36,6 @@ compile = False  # compile the one-token decode step: ~10% faster per token, aft
 settings.check_sample(configurator.apply(globals(), sys.argv[1:]))  # overrides from command line or config file
 # -----------------------------------------------------------------------------
 
-if not 0 < top_p <= 1:
-    raise errors.UserError(f"top_p must be above 0 and at most 1 (1.0 = off), got {top_p}")
 torch.manual_seed(seed)
 # no TF32: bf16/fp16 generation does not use it, and dtype=float32 asks for float32 (whose greedy decoding
 # gives exactly the uncached path's tokens; docs/benchmarks.md)

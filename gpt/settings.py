@@ -6,6 +6,8 @@ import os
 
 from gpt.errors import UserError
 
+NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)")  # top-p sampling
+
 
 def _check(rules, config):
     for key, ok, want in rules:
@@ -25,8 +27,6 @@ def check_train(c):
             or c['max_iters'] < 0:
         raise UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                         "positive, max_iters not negative")
-    if not 0 < c['sample_top_p'] <= 1:
-        raise UserError(f"sample_top_p must be in (0, 1], not {c['sample_top_p']} (1: no nucleus cut)")
     positive = (lambda v: v > 0, "positive")
     _check([('dropout', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('learning_rate', *positive), ('min_lr', lambda v: v >= 0, "0 or more"),
@@ -36,11 +36,11 @@ def check_train(c):
             ('beta1', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('beta2', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('warmup_iters', lambda v: v >= 0, "0 or more"), ('max_nonfinite_steps', *positive),
-            ('keep_checkpoints', lambda v: v >= 0, "0 or more")], c)
+            ('keep_checkpoints', lambda v: v >= 0, "0 or more"), ('sample_top_p', *NUCLEUS)], c)
 
 
 def check_sample(c):
     """sample.py's settings."""
     _check([('num_samples', lambda v: v > 0, "positive"), ('max_new_tokens', lambda v: v > 0, "positive"),
             ('temperature', lambda v: v >= 0, "0 (greedy) or more"),
-            ('top_k', lambda v: v >= 0, "0 (all tokens) or more")], c)
+            ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('top_p', *NUCLEUS)], c)
