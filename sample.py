@@ -90,9 +90,7 @@ with torch.no_grad():
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
                                top_p=top_p if top_p < 1 else None, eot=eot,
                                vocab_limit=tokenizer.vocab_size, progress=bar.update)
-            ids = y[0].tolist()
-            if eot is not None and eot in ids[len(start_ids):]:
-                ids = ids[:ids.index(eot, len(start_ids))]  # up to the end of the text, not the eot itself
+            ids = generation.until_eot(y[0].tolist(), eot, len(start_ids))  # up to the end of the text
             bar.update((k + 1) * max_new_tokens - bar.n)  # a sample that stopped early counts as done
             tqdm.write(tokenizer.decode(ids))  # print, but clear of the bar
             tqdm.write('---------------')

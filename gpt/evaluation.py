@@ -9,6 +9,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gpt.data import open_tokens
+from gpt.generation import until_eot
 
 EVAL_BAR_DELAY = 3.0  # seconds an evaluation runs before its progress bar appears
 
@@ -61,10 +62,7 @@ def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, dev
                              top_k=50, generator=generator, vocab_limit=tokenizer.vocab_size,
                              top_p=top_p if top_p is not None and top_p < 1 else None, eot=eot)
     model.train()
-    rows = out.tolist()
-    if eot is not None:
-        rows = [row[:row.index(eot, len(prompt_ids))] if eot in row[len(prompt_ids):] else row for row in rows]
-    return [tokenizer.decode(row) for row in rows]
+    return [tokenizer.decode(until_eot(row, eot, len(prompt_ids))) for row in out.tolist()]
 
 
 @torch.no_grad()

@@ -138,3 +138,11 @@ def top_p_filter(logits, top_p):
     # a token is out when the likelier ones before it already reach top_p
     out = (probs.cumsum(dim=-1) - probs) >= top_p
     return logits.masked_fill(out.scatter(-1, order, out), -float("inf"))
+
+
+def until_eot(ids, eot, start):
+    """A generated sequence up to its first end-of-text token after the prompt's `start` tokens (the eot
+    itself left out); the whole sequence when eot is None or never comes."""
+    if eot is None or eot not in ids[start:]:
+        return ids
+    return ids[:ids.index(eot, start)]
