@@ -21,7 +21,6 @@ import math
 import sys
 
 import torch
-import torch.distributed as dist
 
 import configurator
 from gpt import checkpoint, distributed, hardware, muon, rundir, schedule, settings, stepgraph
@@ -385,10 +384,12 @@ while True:
             print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
                   f"(and --out_dir={out_dir})")
         if torchrun:
-            dist.destroy_process_group()
+            del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
+            distributed.finish()
         sys.exit(stop.exit_code)
 
 log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
 if torchrun:
-    dist.destroy_process_group()
+    del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
+    distributed.finish()
 checkpoint.check_last_save(out_dir)  # a run whose last save failed does not end with status 0

@@ -7,6 +7,7 @@ How the model is spread over the processes torchrun starts: joining the process 
   the GPUs, each transformer block gathered only while it computes; for models whose weights, gradients
   and AdamW state do not fit one GPU. Its sharded checkpoints are gpt/checkpoint.py's.
 """
+import gc
 import os
 from datetime import timedelta
 
@@ -145,6 +146,16 @@ def set_gradient_sync(model, sync):
             # the next one's forward, resharding only after the last: one all-gather a step, as DDP's one
             # all-reduce, instead of one per block and micro-step
             model.set_reshard_after_backward(sync)
+
+
+def finish():
+    """Leave the process group at the end of a run, all ranks together. train.py drops its DDP wrapper first:
+    the wrapper's reducer holds the group and gloo's last work, and freed only while Python shuts down, gloo
+    can abort a finished process ('terminate called without an active exception', SIGABRT, so torchrun
+    reports a failed run)."""
+    gc.collect()  # the wrapper's reference cycles go now, while the interpreter is whole
+    dist.barrier()  # no rank closes its connections while another still uses them
+    dist.destroy_process_group()
 
 
 def unwrap(model):
