@@ -72,6 +72,9 @@ def main(argv):
     hf_tok = hf_tokenizer(tokenizer, model.config.block_size, model.config.vocab_size)
     # GPT-2's <|endoftext|> begins and ends documents, and pads batches; a character vocabulary gets one
     # where the model has a spare id (gpt/hf.py's hf_tokenizer)
+    if hf_tok.pad_token is None:
+        tqdm.write(f"note: every one of the model's {model.config.vocab_size} ids is a character, so the export "
+                   f"has no end-of-text or pad token and generates one prompt at a time (docs/export.md)")
     hf_config.bos_token_id = hf_tok.bos_token_id
     hf_config.eos_token_id = hf_config.pad_token_id = hf_tok.eos_token_id
     hf_model = transformers.AutoModelForCausalLM.from_config(hf_config)

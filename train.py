@@ -150,8 +150,9 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
 if init_from == 'scratch':
     print("Initializing a new model from scratch")
     # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
-    # no metadata; BPE vocabularies are rounded up likewise, character vocabularies kept as they are
-    model_args['vocab_size'] = (50304 if meta is None else meta_vocab_size if meta['tokenizer'] == 'char'
+    # no metadata; BPE vocabularies are rounded up likewise; a character vocabulary gets one id more, which
+    # the data never holds: an exported model's end-of-text and padding token (docs/export.md)
+    model_args['vocab_size'] = (50304 if meta is None else meta_vocab_size + 1 if meta['tokenizer'] == 'char'
                                 else -(-meta_vocab_size // 64) * 64)
     with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank (FSDP has no broadcast)
         torch.manual_seed(seed)
@@ -180,9 +181,10 @@ if meta_vocab_size and meta_vocab_size > vocab_size:
 
 
 def loader(split, stream):
-    """Sequential over shards, or random windows of train.bin/val.bin; checks the files first."""
-    return make_loader(data_dir, split, batch_size, block_size, device, vocab_size, meta['dtype'] if meta else 'uint16',
-                       seed, rank, world_size, stream, prepare_hint)
+    """Sequential over shards, or random windows of train.bin/val.bin; checks the files first: every id within
+    the dataset's vocabulary (which the model's holds)."""
+    return make_loader(data_dir, split, batch_size, block_size, device, meta_vocab_size or vocab_size,
+                       meta['dtype'] if meta else 'uint16', seed, rank, world_size, stream, prepare_hint)
 
 
 train_loader = loader('train', stream=0)

@@ -40,7 +40,7 @@ def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
 def check_ids(tokens, vocab_size, path):
     top = int(tokens.max())
     if vocab_size is not None and top >= vocab_size:
-        raise UserError(f"{path} holds token id {top}, beyond the model's vocab_size {vocab_size}: the data was "
+        raise UserError(f"{path} holds token id {top}, beyond the vocabulary's {vocab_size} ids: the data was "
                         f"prepared with another tokenizer (or is damaged); prepare it again")
 
 

@@ -151,7 +151,11 @@ CASES = [
     ("token_ids_beyond_vocab", "train.py",
      lambda tmp, s: ["--data_dir=" + write_dataset(os.path.join(tmp, 'd'), good_ids(4000), good_ids(100),
                                                    vocab_size=8)],
-     ["train.bin", "token id 15", "vocab_size 8"]),
+     ["train.bin", "token id 15", "vocabulary's 8 ids"]),
+    # id 16 is the model's (17 ids: the end-of-text id a character model gets), but no character's
+    ("token_id_of_no_character", "train.py",
+     lambda tmp, s: ["--data_dir=" + write_dataset(os.path.join(tmp, 'd'), [*good_ids(4000), 16], good_ids(100))],
+     ["train.bin", "token id 16", "vocabulary's 16 ids"]),
     ("dataset_shorter_than_block", "train.py",
      lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), good_ids(10), good_ids(100))}"],
      ["train.bin", "10 tokens", "block_size=16"]),

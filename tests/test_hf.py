@@ -268,15 +268,33 @@ def test_char_checkpoint_exports_and_matches_ours(char_run):
     assert hf_tok.decode(tokenizer.encode(text)) == text
     with torch.no_grad():
         assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
-        greedy = model.generate(x[:, :8], 20, temperature=0)
+        greedy = model.generate(x[:, :8], 20, temperature=0, vocab_limit=tokenizer.vocab_size)
         hf_greedy = hf_model.generate(x[:, :8], max_new_tokens=20, do_sample=False)
     assert hf_greedy.tolist() == greedy.tolist()
     # the text-generation pipeline works on the folder as it is, and writes the same text as our greedy decoding
     generate = pipeline("text-generation", model=str(folder))
     out = generate(text[:8], max_new_tokens=20, do_sample=False)[0]["generated_text"]
     assert out == tokenizer.decode(greedy[0].tolist())
-    # every id is a character: no spare id for an end-of-text token, so none (and no batching: docs/export.md)
-    assert hf_tok.eos_token is None and hf_model.config.vocab_size == tokenizer.vocab_size
+    # train.py gave the 65 characters one id more, which the folder names <|endoftext|>: its eos and pad, so
+    # prompts of different lengths batch, each generating what it does alone
+    assert tokenizer.vocab_size == 65 and hf_model.config.vocab_size == 66 and "note:" not in r.stdout
+    assert (hf_tok.eos_token, hf_tok.pad_token, hf_tok.pad_token_id) == ("<|endoftext|>", "<|endoftext|>", 65)
+    prompts = [text[:3], text[:15], text[:1]]
+    alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
+    batched = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=3)
+    assert [b[0]["generated_text"] for b in batched] == alone
+
+
+def test_char_model_without_a_spare_id_exports_without_pad_and_says_so(tmp_path, capsys):
+    """A nanoGPT-style character model (vocab_size = its characters): no id for an end-of-text token, so
+    the folder has no eos or pad (adding a row would change every likelihood), and export.py says so."""
+    from transformers import AutoTokenizer
+    model = randomize(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=60)))
+    save_checkpoint(model, tmp_path)
+    export.main([f"--out_dir={tmp_path}"])
+    assert "no end-of-text or pad token" in capsys.readouterr().out
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tok.eos_token is None and hf_tok.pad_token is None and len(hf_tok) == 60
 
 
 def test_gpt2_bpe_export_has_gpt2s_tokenizer_and_never_picks_padding(bpe_run, shakespeare_text_path, tmp_path):
