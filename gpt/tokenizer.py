@@ -238,7 +238,27 @@ def folder_meta(init_from):
                         f"BPE) cannot be known{also}")
     with open(path, encoding="utf-8") as f:
         tokenizer_json = f.read()
-    return {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}
+    return exported_char_meta(tokenizer_json) or {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}
+
+
+def exported_char_meta(tokenizer_json):
+    """The character vocabulary of a folder export.py wrote for a character model (gpt/hf.py's hf_tokenizer:
+    one word per character, split before each, and <|endoftext|> after them) as the char meta it came from,
+    so that the folder fine-tunes on its character dataset; None for any other tokenizer."""
+    import json
+    try:
+        spec = json.loads(tokenizer_json)
+    except ValueError:
+        return None  # hf_meta names the broken file
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if model.get("type") != "WordLevel" or pre.get("type") != "Split":
+        return None
+    special = {t.get("content") for t in spec.get("added_tokens") or []}
+    chars = sorted((i, t) for t, i in model.get("vocab", {}).items() if t not in special)
+    if [i for i, _ in chars] != list(range(len(chars))) or any(len(t) != 1 for _, t in chars):
+        return None
+    itos = [t for _, t in chars]
+    return {"tokenizer": "char", "vocab_size": len(itos), "dtype": dtype_for_vocab(len(itos)), "itos": itos}
 
 
 PROBE = "Hello, world! The 2 quick brown foxes jumped over 13 lazy dogs.\n  Indented: naïve café, 東京."

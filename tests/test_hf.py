@@ -25,7 +25,7 @@ import hellaswag
 from gpt import hf
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint
 from gpt.errors import UserError
-from gpt.tokenizer import get_tokenizer
+from gpt.tokenizer import folder_meta, get_tokenizer
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
@@ -283,6 +283,21 @@ def test_char_checkpoint_exports_and_matches_ours(char_run):
     alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
     batched = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=3)
     assert [b[0]["generated_text"] for b in batched] == alone
+
+
+def test_char_export_fine_tunes_on_its_character_dataset(char_run):
+    """The folder's tokenizer.json is the dataset's characters plus <|endoftext|>: train.py takes it as that
+    character vocabulary (not some other tokenizer), and fine-tunes it on the data it came from."""
+    folder = char_run / "hf"
+    if not folder.exists():
+        run("export.py", f"--out_dir={char_run}")
+    meta = folder_meta(str(folder))
+    _, tokenizer = ours(char_run)
+    assert meta["tokenizer"] == "char" and meta["itos"] == tokenizer.itos and meta["vocab_size"] == 65
+    out = char_run.parent / "finetuned"
+    run("train.py", f"--data_dir={char_run.parent / 'data'}", f"--out_dir={out}", "--dataset=shakespeare_char",
+        f"--init_from={folder}", "--max_iters=2", *[f"--{k}={v}" for k, v in TINY.items()])
+    assert load_checkpoint(str(out / "ckpt.pt"))["model_args"]["vocab_size"] == 66
 
 
 def test_char_model_without_a_spare_id_exports_without_pad_and_says_so(tmp_path, capsys):
