@@ -4,7 +4,8 @@ configuration, dataset writers, and the data the tests need, made here: a genera
 (instead of tinyshakespeare) and GPT-2's BPE ranks, found locally or downloaded once.
 
 A fresh clone needs nothing beside it. `../shared/data` (or $NANOGPT_SHARED_DATA) may hold gpt2.tiktoken, the
-ranks file for offline machines.
+ranks file for offline machines; where OpenAI's download fails but PyPI answers (CI), the ranks come from
+PyPI, in openai-whisper's source package, and are kept in ~/.cache/nanogpt-tests.
 """
 import hashlib
 import os
@@ -12,6 +13,7 @@ import random
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 
 import pytest
@@ -155,8 +157,36 @@ def _local_gpt2_ranks():
              or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
     url = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
     places = ([from_env] if from_env else []) + [os.path.join(SHARED, "gpt2.tiktoken"),
-                                                 os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())]
+                                                 os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()),
+                                                 PYPI_RANKS]
     return next((p for p in places if os.path.isfile(p)), None), places
+
+
+# openai-whisper's source package ships GPT-2's ranks as whisper/assets/gpt2.tiktoken: the same file, byte
+# for byte, as OpenAI's (checked by its sha256), and PyPI is reachable where OpenAI's blob storage is not
+PYPI_RANKS = os.path.join(os.path.expanduser("~"), ".cache", "nanogpt-tests", "gpt2.tiktoken")
+WHISPER_SDIST = "openai-whisper==20250625"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
+def _gpt2_ranks_from_pypi():
+    """Fetch the whisper source package with pip (no install), take its gpt2.tiktoken and keep it in
+    PYPI_RANKS (written whole or not at all: test workers may race). Returns the path."""
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", d, WHISPER_SDIST], check=True, capture_output=True, timeout=300)
+        (sdist,) = [os.path.join(d, f) for f in os.listdir(d)]
+        with tarfile.open(sdist) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken"))
+            data = tar.extractfile(member).read()
+    if hashlib.sha256(data).hexdigest() != GPT2_RANKS_SHA256:
+        raise ValueError(f"{WHISPER_SDIST}'s gpt2.tiktoken is not GPT-2's ranks file")
+    os.makedirs(os.path.dirname(PYPI_RANKS), exist_ok=True)
+    tmp = f"{PYPI_RANKS}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, PYPI_RANKS)
+    return PYPI_RANKS
 
 
 # GPT-2 BPE offline: tiktoken cannot download its files here, so point the loader at a local ranks file
@@ -168,7 +198,8 @@ if _ranks:
 @pytest.fixture(scope="session")
 def gpt2_ranks_path(tmp_path_factory):
     """A GPT-2 BPE ranks file, also in $GPT2_TIKTOKEN_FILE for the scripts the tests start: found on this
-    machine, else written from tiktoken's download. Skips only offline with no ranks file anywhere."""
+    machine, else written from tiktoken's download, else fetched from PyPI. Skips only with no ranks file
+    anywhere and neither network."""
     path, places = _local_gpt2_ranks()
     if path is None:
         import base64
@@ -176,13 +207,17 @@ def gpt2_ranks_path(tmp_path_factory):
         import tiktoken
         try:
             enc = tiktoken.get_encoding("gpt2")
+            path = str(tmp_path_factory.mktemp("gpt2") / "gpt2.tiktoken")
+            with open(path, "w") as f:
+                f.writelines(f"{base64.b64encode(token).decode()} {rank}\n"
+                             for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
         except Exception as e:
-            pytest.skip(f"GPT-2 BPE: no ranks file found ({', '.join(places)}) and tiktoken's download failed "
-                        f"({type(e).__name__}); set GPT2_TIKTOKEN_FILE to a gpt2.tiktoken file")
-        path = str(tmp_path_factory.mktemp("gpt2") / "gpt2.tiktoken")
-        with open(path, "w") as f:
-            f.writelines(f"{base64.b64encode(token).decode()} {rank}\n"
-                         for token, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
+            try:
+                path = _gpt2_ranks_from_pypi()
+            except Exception as e2:
+                pytest.skip(f"GPT-2 BPE: no ranks file found ({', '.join(places)}), tiktoken's download failed "
+                            f"({type(e).__name__}) and so did PyPI's ({type(e2).__name__}: {e2}); set "
+                            f"GPT2_TIKTOKEN_FILE to a gpt2.tiktoken file")
     os.environ["GPT2_TIKTOKEN_FILE"] = path
     return path
 
