@@ -8,6 +8,7 @@ Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters,
 """
 import base64
 import functools
+import json
 import os
 import sys
 
@@ -222,7 +223,6 @@ def folder_meta(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
-        import json
         try:
             with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
                 config = json.load(f)
@@ -245,7 +245,6 @@ def exported_char_meta(tokenizer_json):
     """The character vocabulary of a folder export.py wrote for a character model (gpt/hf.py's hf_tokenizer:
     one word per character, split before each, and <|endoftext|> after them) as the char meta it came from,
     so that the folder fine-tunes on its character dataset; None for any other tokenizer."""
-    import json
     try:
         spec = json.loads(tokenizer_json)
     except ValueError:
