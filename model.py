@@ -9,7 +9,7 @@ References:
 import inspect
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -22,35 +22,58 @@ from gpt.errors import UserError
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+# Every GPTConfig field is one of three kinds, said here once; resume, export and the transformers bridge read it
+# (GPTConfig.fields_of) instead of keeping lists of their own, so a new field cannot be forgotten by one of them:
+#   architecture    what the model computes: a resumed or fine-tuned model keeps its own (a run that sets another
+#                   value is refused), checkpoints record it, export carries it to transformers or refuses it
+#   initialisation  how a new model's weights start: no effect once weights exist (resume, pretrained); checkpoints
+#                   record it in the run's config, not in model_args
+#   runtime         how the model is run (dropout, how the loss is computed): a run may change it, even on resume
+ARCHITECTURE, INITIALISATION, RUNTIME = 'architecture', 'initialisation', 'runtime'
+
+
+def architecture(default):
+    return field(default=default, metadata={'kind': ARCHITECTURE})
+
+
+def initialisation(default):
+    return field(default=default, metadata={'kind': INITIALISATION})
+
+
+def runtime(default):
+    return field(default=default, metadata={'kind': RUNTIME})
+
+
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for efficiency
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # bias in Linears and LayerNorms, like GPT-2; False is a bit better and faster
+    block_size: int = architecture(1024)
+    vocab_size: int = architecture(50304)  # GPT-2's 50257 padded up to a multiple of 64 for efficiency
+    n_layer: int = architecture(12)
+    n_head: int = architecture(12)
+    n_embd: int = architecture(768)
+    dropout: float = runtime(0.0)
+    bias: bool = architecture(True)  # bias in Linears and LayerNorms, like GPT-2; False is a bit better and faster
     # the fields below are not nanoGPT's: a checkpoint records them only where they differ from these defaults
-    family: str = 'gpt2'  # 'gpt2': learned positions, LayerNorm, GELU MLP; 'llama': RoPE, RMSNorm, SwiGLU MLP
-    n_kv_head: int = 0  # key/value heads, fewer than n_head for grouped-query attention (0: n_head)
-    mlp_hidden: int = 0  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd up to a multiple of 64 for llama)
-    rope_theta: float = 10000.0  # llama: base of the rotary position embeddings' frequencies
-    tie_embeddings: bool = True  # the output projection is the token embedding (GPT-2 ties them, LLaMA does not)
-    norm_eps: float = 1e-5  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
+    family: str = architecture('gpt2')  # 'gpt2': learned positions, LayerNorm, GELU MLP; 'llama': RoPE, RMSNorm, SwiGLU
+    n_kv_head: int = architecture(0)  # key/value heads, fewer than n_head for grouped-query attention (0: n_head)
+    mlp_hidden: int = architecture(0)  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd up to a multiple of 64
+    #                                    for llama)
+    rope_theta: float = architecture(10000.0)  # llama: base of the rotary position embeddings' frequencies
+    tie_embeddings: bool = architecture(True)  # the output projection is the token embedding (GPT-2 ties them,
+    #                                            LLaMA does not)
+    norm_eps: float = architecture(1e-5)  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
     # switches of the modded-nanogpt speedrun (docs/speedrun.md), all off by default
-    qk_norm: bool = False  # RMSNorm (without a gain) on each head's queries and keys before attention
-    mlp_act: str = 'gelu'  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
-    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap), for training and generation alike
-    # how the weights start, not what the model is (checkpoints never record it): the residual projections
-    # (c_proj) zero instead of GPT-2's small normal init, so every block starts as the identity
-    zero_init_proj: bool = False
-    # how the training loss is computed, not what the model is (so checkpoints never record them): True fuses
-    # the output projection and cross-entropy a chunk of loss_chunk positions at a time (LinearCrossEntropy),
-    # never making the (B, T, vocab) logits and returning none; False (nanoGPT's way): lm_head, then
-    # F.cross_entropy over the full logits
-    fused_loss: bool = False
-    loss_chunk: int = 4096  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
+    qk_norm: bool = architecture(False)  # RMSNorm (without a gain) on each head's queries and keys before attention
+    mlp_act: str = architecture('gelu')  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
+    logit_softcap: float = architecture(0.0)  # > 0: logits = cap * tanh(logits / cap), in training and generation
+    # the residual projections (c_proj) start at zero instead of GPT-2's small normal init, so every block starts
+    # as the identity
+    zero_init_proj: bool = initialisation(False)
+    # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
+    # (LinearCrossEntropy), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
+    # lm_head, then F.cross_entropy over the full logits
+    fused_loss: bool = runtime(False)
+    loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
 
     def __post_init__(self):
         if self.family not in ('gpt2', 'llama'):
@@ -71,22 +94,27 @@ class GPTConfig:
             self.mlp_hidden = 4 * self.n_embd if self.family == 'gpt2' else -(-8 * self.n_embd // (3 * 64)) * 64
 
     @classmethod
+    def fields_of(cls, kind):
+        """The names of the fields of one kind (ARCHITECTURE, INITIALISATION or RUNTIME), in order."""
+        return tuple(f.name for f in fields(cls) if f.metadata['kind'] == kind)
+
+    @classmethod
     def options(cls):
         """{name: default} of the fields beyond nanoGPT's, the loss's and norm_eps: the model switches that
         train.py takes as settings (--family=llama, --qk_norm=True, ...) besides its own n_layer, n_head, ..."""
         return {f.name: f.default for f in fields(cls) if f.name not in NANOGPT_ARGS + LOSS_ARGS + ('norm_eps',)}
 
     def checkpoint_args(self):
-        """model_args for a checkpoint: nanoGPT's keys, plus the other fields where they differ from their
-        defaults - so a GPT-2 checkpoint is still one nanoGPT reads, and a checkpoint without them is GPT-2."""
+        """model_args for a checkpoint: nanoGPT's keys, plus the other architecture fields where they differ
+        from their defaults - so a GPT-2 checkpoint is still one nanoGPT reads, and a checkpoint without them is
+        GPT-2. Initialisation and runtime fields (but nanoGPT's dropout) describe a run, not the model."""
         default = GPTConfig(n_embd=self.n_embd, n_head=self.n_head)  # n_kv_head, mlp_hidden follow these
         return {k: v for k, v in asdict(self).items()
-                if k in NANOGPT_ARGS or (k not in LOSS_ARGS + INIT_ARGS and v != getattr(default, k))}
+                if k in NANOGPT_ARGS or (k in self.fields_of(ARCHITECTURE) and v != getattr(default, k))}
 
 
-NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')
+NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')  # nanoGPT's model_args
 LOSS_ARGS = ('fused_loss', 'loss_chunk')
-INIT_ARGS = ('zero_init_proj',)
 
 
 class LayerNorm(nn.Module):
