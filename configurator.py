@@ -12,6 +12,10 @@ Each argument is either a config file (a Python file, run with the current value
 assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
 string). Later arguments win. Unknown keys and values of the wrong type stop the script with one line
 naming the key, the expected type and the given value; an int is accepted for a float.
+
+The returned config also records which keys the user gave (config.given): every key a config file assigns
+or a flag sets, whatever its value. A value equal to the script's default still counts as given: resuming a
+2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers, not silence.
 """
 import ast
 import os
@@ -49,10 +53,31 @@ def _parse_flag(arg, current):
     return key, value
 
 
+class Config(dict):
+    """The final settings, {key: value}, plus `given`: the keys that config files and flags set."""
+
+    def __init__(self, values, given):
+        super().__init__(values)
+        self.given = frozenset(given)
+
+
+class _Recording(dict):
+    """A config file's scope that records every name the file assigns (module-level code stores its names
+    through __setitem__ when the scope is not exactly a dict), including through a nested exec()."""
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.assigned = set()
+
+    def __setitem__(self, key, value):
+        self.assigned.add(key)
+        super().__setitem__(key, value)
+
+
 def _run_config_file(path, config):
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
-    scope = dict(config)
+    scope = _Recording(config)
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
@@ -71,20 +96,21 @@ def _run_config_file(path, config):
         raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "")
                         + f": {type(e).__name__}: {e}")
     overrides = {}
-    for key, value in scope.items():
+    for key in sorted(scope.assigned, key=list(scope).index):  # in the order the file first set them
+        value = scope[key]
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
             continue  # imports, helper functions and private names are the file's own business
         if key not in config:
             raise UserError(f"unknown config key '{key}' in {path}")
-        if value is not config[key]:
-            overrides[key] = value
+        overrides[key] = value
     return overrides
 
 
 def apply(g, argv, *sections):
     """Apply config files and --key=value flags in `argv` to the globals `g` (and to the dicts `sections`, which
-    hold more settings, updated in place); return the final config dict."""
+    hold more settings, updated in place); return the final config (a Config: a dict, plus .given)."""
     home = {k: g for k in config_keys(g)}  # the dict each setting lives in
+    given = set()
     home.update({k: section for section in sections for k in section if k not in home})
     for arg in argv:
         config = {k: where[k] for k, where in home.items()}
@@ -94,6 +120,7 @@ def apply(g, argv, *sections):
             for key, value in _run_config_file(arg, config).items():
                 print(f"config {arg}: {key} = {value!r}")
                 home[key][key] = _coerce(key, value, config[key], arg)
+                given.add(key)
         else:
             if not arg.startswith("--"):
                 raise UserError(f"cannot parse argument {arg!r}: write --key=value")
@@ -103,4 +130,5 @@ def apply(g, argv, *sections):
             key, value = _parse_flag(arg, config[key])
             print(f"config flag: {key} = {value!r}")
             home[key][key] = _coerce(key, value, config[key], arg)
-    return {k: where[k] for k, where in home.items()}
+            given.add(key)
+    return Config({k: where[k] for k, where in home.items()}, given)

@@ -23,14 +23,14 @@ import sys
 import torch
 
 import configurator
-from gpt import checkpoint, distributed, hardware, muon, rundir, schedule, settings, stepgraph
+from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import check_data_for_model, get_tokenizer
 from gpt.trainlog import TrainLog, start_wandb, step_line
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
@@ -108,76 +108,36 @@ fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) 
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 seed = 1337
 # -----------------------------------------------------------------------------
-_defaults = {**globals(), **model_options, **muon_options, **parallel_options}  # to tell the ones a run sets
 config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options, parallel_options)
 # -----------------------------------------------------------------------------
-
+# The run is decided before anything is touched: the settings, where the weights come from, the data and the
+# machine make one frozen plan (gpt/plan.py); every check that can fail runs; only then is out_dir claimed (an
+# earlier run moved aside), are weights downloaded and the model built.
 settings.check_train(config)  # values that are the right type but make no sense: one line each
 
-# various inits, derived attributes, I/O setup; under torchrun, one process per GPU (rank 0 of 1 otherwise)
+# under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
 torchrun, rank, local_rank, world_size, device = distributed.init_process(device, backend, dist_timeout_minutes)
 device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
-# micro-steps per process: gradient_accumulation_steps shared by the processes, or from total_batch_size
-gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
-                                                         block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
-if master_process:  # out_dir: writable, locked for this run, an earlier run's files moved aside by a new one
-    rundir.claim(out_dir, fresh=init_from != 'resume')
-# a resumed run's model is its checkpoint's: shape settings that differ are refused, its block_size the default
-resumed = checkpoint.load_for_resume(out_dir, parallelism) if init_from == 'resume' else None
-block_size = checkpoint.resume_shape(resumed, config, _defaults) if resumed else block_size
-tokens_per_iter = gradient_accumulation_steps * world_size * batch_size * block_size
-if master_process:
-    print(f"tokens per iteration will be: {tokens_per_iter:,}")
-# a token budget (max_tokens, warmup_tokens, lr_decay_tokens) in iterations, now that their size is known
-max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, _defaults, master_process)
-if ckpt_every_tokens and sharded:
-    raise errors.UserError("ckpt_every_tokens does not work with parallelism=fsdp yet: use checkpoint_interval")
-torch.manual_seed(seed + rank)  # each process gets a different seed
-torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
-ctx = hardware.autocast(device_type, dtype)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_process)  # says what it found
-meta_vocab_size = meta['vocab_size'] if meta else None
-
-# model init
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias, vocab_size=None,
-                  dropout=dropout, **model_options)  # start with model_args from command line
-if init_from == 'scratch':
-    print("Initializing a new model from scratch")
-    # GPT-2's vocab_size of 50304 (50257 rounded up to a multiple of 64, for faster matmuls) when the data has
-    # no metadata; BPE vocabularies are rounded up likewise; a character vocabulary gets one id more, which
-    # the data never holds: an exported model's end-of-text and padding token (docs/export.md)
-    model_args['vocab_size'] = (50304 if meta is None else meta_vocab_size + 1 if meta['tokenizer'] == 'char'
-                                else -(-meta_vocab_size // 64) * 64)
-    with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank (FSDP has no broadcast)
-        torch.manual_seed(seed)
-        model = GPT(GPTConfig(**model_args))
-elif init_from == 'resume':
-    # the shape of the model comes from the checkpoint (GPT-2 where it names no family); dropout can still be set
-    model = checkpoint.model_for_resume(resumed, dropout)
-else:
-    print(f"Initializing from pretrained weights: {init_from}")
-    model = checkpoint.pretrained_gpt2(init_from, dropout)
-# crop down the model block size if desired, using model surgery
-if block_size < model.config.block_size:
-    model.crop_block_size(block_size)
-elif block_size > model.config.block_size:
-    raise errors.UserError(f"block_size={block_size} is larger than the model's {model.config.block_size} "
-                           f"({init_from}): use --block_size={model.config.block_size} or less")
-model.config.fused_loss = fused_loss
-model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
-config.update({k: v for k, v in model_args.items() if k in config})  # the config records the model that runs
-model.to(device)
-vocab_size = model.config.vocab_size
-check_data_for_model(meta, init_from, resumed, dataset)  # the data's tokenizer must be the model's
+source = plan.source(init_from, out_dir, parallelism)  # a checkpoint, a pretrained model, or nothing: only read
+run = plan.make(config, source, meta, world_size, device, dtype, verbose=master_process)
+config = dict(run.settings)  # every setting as the run uses it: what checkpoints and log.jsonl record
+block_size, gradient_accumulation_steps, tokens_per_iter = run.block_size, run.micro_steps, run.tokens_per_iter
+max_iters, warmup_iters, lr_decay_iters = run.max_iters, run.warmup_iters, run.lr_decay_iters
+vocab_size, meta_vocab_size = run.model['vocab_size'], meta['vocab_size'] if meta else None
+check_data_for_model(meta, init_from, source.checkpoint, dataset)  # the data's tokenizer must be the model's
 if meta_vocab_size and meta_vocab_size > vocab_size:
     raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
                            f"{vocab_size}: the data and the model use different tokenizers")
+if sharded and (ckpt_every_tokens or hellaswag_interval):
+    raise errors.UserError("ckpt_every_tokens and hellaswag_interval do not work with parallelism=fsdp yet: use "
+                           "checkpoint_interval, and evaluate checkpoints with hellaswag.py")
 
 
 def loader(split, stream):
@@ -189,15 +149,27 @@ def loader(split, stream):
 
 train_loader = loader('train', stream=0)
 loader('val', stream=1)  # check the val split now, not at the first evaluation
+tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
+if master_process:
+    rundir.check(out_dir, fresh=run.init != 'resume')  # writable, and no live run in it
+if master_process:
+    print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
-# what in-training evaluation needs, loaded before any training so a problem shows up at once
-tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None
+# -----------------------------------------------------------------------------
+# side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
+if master_process:  # out_dir: locked for this run, an earlier run's files moved aside by a new one
+    rundir.claim(out_dir, fresh=run.init != 'resume')
 if hellaswag_interval:
-    if parallelism == 'fsdp':
-        raise errors.UserError("hellaswag_interval does not work with parallelism=fsdp yet (ranks would run "
-                               "different numbers of forward passes): evaluate checkpoints with hellaswag.py")
     from gpt import hellaswag
     hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
+torch.manual_seed(seed + rank)  # each process gets a different seed
+torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
+ctx = hardware.autocast(device_type, dtype)
+print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
+       'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])
+model = plan.build_model(run, source, seed)  # downloads GPT-2's weights for init_from=gpt2*
+model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
+model.to(device)
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -216,9 +188,9 @@ optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, 
 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(out_dir, enabled=master_process)
-state = checkpoint.restore(resumed, model, optimizer, scaler, train_loader, log, rank, world_size)
+state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, rank, world_size)
 iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
-resumed = None  # free up memory
+source = None  # free up memory (a checkpoint's tensors)
 
 # the whole training step as one CUDA graph (gpt/stepgraph.py), where it can be: captured at the first step
 step_graph = None
@@ -239,7 +211,7 @@ def save(name=None):
                     model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
                     scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
                     log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
-                    wandb_run_id=state['wandb_run_id'])
+                    wandb_run_id=state['wandb_run_id'], plan=run.record())
 
 
 def evaluate(due):
@@ -273,6 +245,7 @@ def print_samples():
 # logging
 if master_process:
     print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
+log.write(kind='plan', step=iter_num, **run.record())  # each launch's plan, as its checkpoints record it
 if wandb_log and master_process:
     log.wandb = start_wandb(wandb_project, wandb_run_name, config, state['wandb_run_id'])  # gets every log row
     state['wandb_run_id'] = log.wandb.id

@@ -240,12 +240,16 @@ def model_from_checkpoint(ckpt, path="checkpoint"):
         config = GPTConfig(**ckpt["model_args"])
     except TypeError as e:
         raise UserError(f"{path}: model_args do not describe a GPT ({e})")
-    model = GPT(config)
+    return load_weights(GPT(config), ckpt["model"], path)
+
+
+def load_weights(model, state_dict, path):
+    """Load a state dict into a model built from its config; a mismatch is a clear error."""
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(state_dict)
     except RuntimeError as e:
         first = str(e).replace("\n", " ").replace("\t", "")
-        raise UserError(f"{path}: weights do not match the model its model_args describe: {first[:300]}")
+        raise UserError(f"{path}: weights do not match the model its config describes: {first[:300]}")
     return model
 
 
@@ -269,8 +273,15 @@ def load_model(init_from, out_dir):
 
 def pretrained_gpt2(name, dropout=0.0):
     """OpenAI's GPT-2 weights through transformers, with a clear error when they cannot be had."""
+    args, state_dict = pretrained_weights(name)
+    return load_weights(GPT(GPTConfig(**{**args, "dropout": dropout})), state_dict, name)
+
+
+def pretrained_weights(name):
+    """(model_args, state dict) of a GPT-2 name (downloaded by transformers) or a transformers folder."""
+    from gpt import hf  # imported here: transformers is slow to import, and only this needs it
     try:
-        return GPT.from_pretrained(name, dict(dropout=dropout))
+        return hf.load_pretrained(name)
     except OSError as e:
         raise UserError(f"could not load GPT-2 weights '{name}' (no network, or not a model name or "
                         f"folder?): {str(e).splitlines()[0]}")
@@ -340,38 +351,6 @@ def load_for_resume(out_dir, parallelism):
                         f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
     ckpt = load_train_state(sharded) if sharded else load_checkpoint(path)
     return {**ckpt, 'path': path, 'sharded': sharded}
-
-
-SHAPE_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'family', 'n_kv_head', 'mlp_hidden', 'rope_theta',
-              'tie_embeddings')  # the settings that make a model's shape: a resumed model keeps its own
-
-
-def resume_shape(ckpt, config, defaults):
-    """A resumed run's model is the checkpoint's: shape settings this run sets (those in `config` that differ
-    from `defaults`, train.py's) must agree with it, or it is one line. Puts the checkpoint's shape into
-    `config`, so the run records what runs, and returns the block_size to train with: the checkpoint's when
-    the run gives none (a smaller one crops the model)."""
-    saved = {k: ckpt['model_args'].get(k, getattr(GPTConfig, k)) for k in SHAPE_KEYS + ('block_size',)}
-    differ = [k for k in SHAPE_KEYS if config[k] != defaults[k] and config[k] != saved[k]]
-    if differ:
-        raise UserError(f"the checkpoint {ckpt['path']} is a {saved['n_layer']}-layer, {saved['n_embd']}-wide "
-                        f"model; a resumed model keeps its shape, but this run sets "
-                        + ", ".join(f"{k}={config[k]!r} (checkpoint: {saved[k]!r})" for k in differ)
-                        + ": leave " + ("it" if len(differ) == 1 else "them") + " out, or train a new model "
-                        "in another out_dir")
-    if config['block_size'] == defaults['block_size']:
-        config['block_size'] = saved['block_size']
-    config.update({k: saved[k] for k in SHAPE_KEYS})
-    return config['block_size']
-
-
-def model_for_resume(ckpt, dropout):
-    """The model of a resumed run: the checkpoint's shape (GPT-2 where it names no family), this run's
-    dropout; with the checkpoint's weights, except for a sharded one (restore loads those)."""
-    ckpt['model_args'] = {**ckpt['model_args'], 'dropout': dropout}
-    if ckpt['sharded']:
-        return GPT(GPTConfig(**ckpt['model_args']))
-    return model_from_checkpoint(ckpt, ckpt['path'])
 
 
 def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size):

@@ -41,6 +41,18 @@ def claim(out_dir, fresh):
         set_aside(out_dir)
 
 
+def check(out_dir, fresh):
+    """Before any side effect: out_dir can be written (or made) and no live run holds it. Creates nothing."""
+    parent = out_dir
+    while not os.path.exists(parent):  # the nearest folder that exists is where out_dir would be made
+        parent = os.path.dirname(os.path.abspath(parent))
+    if not os.path.isdir(parent):
+        raise UserError(f"out_dir {out_dir} cannot be made: {parent} is a file, not a folder: choose another --out_dir")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"out_dir {out_dir} is not writable ({parent}: permission denied): choose another --out_dir")
+    del fresh
+
+
 def check_writable(out_dir):
     """Fail before training, not at the first save, when checkpoints cannot be written."""
     try:

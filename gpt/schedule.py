@@ -80,12 +80,12 @@ def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size
     return steps
 
 
-def iterations(config, tokens_per_iter, defaults, verbose=True):
+def iterations(config, tokens_per_iter, given, verbose=True):
     """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes
     ceil(tokens / tokens_per_iter) iterations (so a run stops at the first step that reaches max_tokens).
-    Its *_iters twin must then be left at its default (`defaults`) or 0; both given is an error. With
-    max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~= max_iters.
-    Checks lr_schedule and lr_decay_frac too."""
+    Its *_iters twin must then be left out (not in `given`, the keys the user set) or 0; both given is an
+    error. With max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~=
+    max_iters. Checks lr_schedule and lr_decay_frac too."""
     check_lr_schedule(config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2))
     out = {}
     for iters_key, tokens_key in PAIRS:
@@ -93,14 +93,14 @@ def iterations(config, tokens_per_iter, defaults, verbose=True):
         if n < 0 or tokens < 0:
             raise UserError(f"{iters_key} and {tokens_key} cannot be negative (got {n}, {tokens})")
         if tokens > 0:
-            if n not in (0, defaults[iters_key]):
+            if iters_key in given and n != 0:
                 raise UserError(f"{iters_key}={n} and {tokens_key}={tokens} are both set: give one "
                                 f"(--{iters_key}=0 to use {tokens_key})")
             n = math.ceil(tokens / tokens_per_iter)
             if verbose:
                 print(f"{tokens_key}={tokens:,} -> {iters_key}={n:,} ({tokens_per_iter:,} tokens per iteration)")
         out[iters_key] = n
-    decay_given = config['lr_decay_tokens'] or config['lr_decay_iters'] not in (0, defaults['lr_decay_iters'])
+    decay_given = config['lr_decay_tokens'] or ('lr_decay_iters' in given and config['lr_decay_iters'] != 0)
     if config['max_tokens'] and not decay_given:
         out['lr_decay_iters'] = out['max_iters']
         if verbose:

@@ -6,7 +6,8 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
     step, tokens, time (seconds since the run's first launch), kind,
     train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
-and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb).
+and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
+first writes a row of kind "plan": the run plan (gpt/plan.py's RunPlan.record()), as its checkpoints record it.
 Values that do not apply are null. The checkpoint records the log's length in bytes, so a resumed run
 first drops the rows written after that checkpoint (the steps it is about to run again) and says so.
 
@@ -56,7 +57,7 @@ class TrainLog:
             if not self.failing:
                 print(f"error: could not write to {self.path} ({e.strerror or e}): rows are lost until it can")
             self.failing = True
-        if self.wandb is not None and row["kind"] != "end":
+        if self.wandb is not None and row["kind"] not in ("end", "plan"):  # wandb has the plan as its config
             self.wandb.log(wandb_metrics(row))
 
     def end(self, step, tokens_per_iter, start_step, seconds, launch_seconds, stopped=False):

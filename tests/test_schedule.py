@@ -32,7 +32,7 @@ def test_get_lr_warms_up_decays_and_stays_at_min_lr():
 
 
 def test_tokens_become_iterations():
-    it = lambda **kw: schedule.iterations(settings(**kw), 1000, DEFAULTS, verbose=False)
+    it = lambda **kw: schedule.iterations(settings(**kw), 1000, given=set(kw), verbose=False)
     assert it() == (600000, 2000, 600000)  # nothing in tokens: the iteration settings as they are
     assert it(max_iters=50, lr_decay_iters=40) == (50, 2000, 40)
     # the budget rounds up (the run stops at the first step that reaches it); the decay ends with it
@@ -46,6 +46,9 @@ def test_tokens_become_iterations():
         it(warmup_tokens=10, warmup_iters=5)
     with pytest.raises(UserError, match="negative"):
         it(max_tokens=-1)
+    # given means set by the user, whatever the value: train.py's own default max_iters, given, still clashes
+    with pytest.raises(UserError, match="max_iters=600000 and max_tokens=10000 are both set"):
+        it(max_tokens=10_000, max_iters=600000)
 
 
 def test_crossed_marks_the_first_step_past_each_multiple():

@@ -1,0 +1,210 @@
+"""
+The run plan: what a training run is, decided once, before anything is touched.
+
+train.py hands make() what the user gave (the settings, and which of them config files and flags set: the
+configurator's config.given), where the weights come from (source(): a checkpoint to resume, a pretrained
+model, or nothing), the dataset's metadata and the machine. make() merges them and computes every derived
+value once: the model's config (every GPTConfig field), block_size, the micro-steps of gradient accumulation,
+tokens per step, the iteration counts, and what happens to out_dir. It refuses in one line what cannot be:
+an architecture field the user set that differs from the checkpoint's or the pretrained model's, an
+initialisation field that would be ignored. The plan is frozen; train.py builds everything from it, and the
+checkpoints and log.jsonl record it (record()).
+
+Which GPTConfig fields are architecture, initialisation or runtime is said on the fields themselves
+(model.py); this module reads it there, so a new field is handled here without a word of change:
+    architecture    from the checkpoint (resume) or the pretrained model; a given value that differs: refused
+                    (block_size of a pretrained model may be smaller: the model is cropped, as nanoGPT does)
+    initialisation  from the settings for a new model; with weights to start from, a given value that differs
+                    from the checkpoint's run (or, pretrained, from the default) is refused: it would do nothing
+    runtime         from the settings, always (dropout, the loss's chunking)
+"""
+import os
+from dataclasses import asdict, dataclass, field, fields
+from types import MappingProxyType
+
+from gpt import rundir, schedule
+from gpt.errors import UserError
+from model import ARCHITECTURE, INITIALISATION, RUNTIME, GPTConfig
+
+# OpenAI's GPT-2 checkpoints on the hub (their config.json), so that a plan needs no download
+GPT2_HUB = {
+    'gpt2': dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
+    'gpt2-medium': dict(n_layer=24, n_head=16, n_embd=1024),  # 350M params
+    'gpt2-large': dict(n_layer=36, n_head=20, n_embd=1280),  # 774M params
+    'gpt2-xl': dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M params
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the weights come from: kind 'scratch', 'resume' (checkpoint: the dict load_for_resume read) or
+    'pretrained' (weights: a local folder's state dict; None for a GPT-2 name: its weights are downloaded by
+    build_model, after every check, and model_args are the hub config's)."""
+    kind: str
+    name: str = ''
+    model_args: dict = field(default_factory=dict)
+    run_config: dict = field(default_factory=dict)  # the settings a checkpoint's run recorded
+    checkpoint: dict = None
+    weights: dict = None
+
+
+def source(init_from, out_dir, parallelism):
+    """Read (never write, never download) what the run starts from."""
+    from gpt import checkpoint
+    if init_from == 'scratch':
+        return Source('scratch')
+    if init_from == 'resume':
+        ckpt = checkpoint.load_for_resume(out_dir, parallelism)
+        return Source('resume', ckpt['path'], dict(ckpt['model_args']), dict(ckpt.get('config') or {}), ckpt)
+    if init_from in GPT2_HUB:
+        return Source('pretrained', init_from, dict(GPT2_HUB[init_from], vocab_size=50257, block_size=1024, bias=True))
+    if os.path.isdir(init_from):  # a transformers folder: read here, so its problems come before any side effect
+        args, weights = checkpoint.pretrained_weights(init_from)
+        return Source('pretrained', init_from, args, weights=weights)
+    raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
+                    f"or a folder written by transformers' save_pretrained")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    init: str  # 'scratch', 'resume' or 'pretrained'
+    init_from: str  # the setting: scratch, resume, a GPT-2 name or a folder
+    source: str  # the checkpoint's path or the pretrained model's name or folder ('' from scratch)
+    model: MappingProxyType  # every GPTConfig field of the model that trains: GPTConfig(**plan.model)
+    block_size: int
+    world_size: int
+    micro_steps: int  # forward/backward passes per optimizer step on each process
+    tokens_per_iter: int  # per optimizer step, all processes together
+    max_iters: int
+    warmup_iters: int
+    lr_decay_iters: int
+    out_dir: str
+    earlier_run: tuple  # a new run's out_dir holds these files of an earlier run: they are moved aside
+    device: str
+    dtype: str
+    settings: MappingProxyType  # every setting as the run uses it (the model's, the derived counts)
+
+    def record(self):
+        """The plan as plain data, for checkpoints and log.jsonl."""
+        plain = lambda v: dict(v) if isinstance(v, MappingProxyType) else list(v) if isinstance(v, tuple) else v
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def make(config, src, meta, world_size, device, dtype, verbose=False):
+    """The frozen plan of a run (see the module's docstring). config: the configurator's Config (settings, with
+    .given); src: source()'s answer; meta: the dataset's metadata (None: GPT-2 BPE, nanoGPT's default).
+    verbose: print how settings in tokens became counts (total_batch_size, max_tokens, ...)."""
+    given = getattr(config, 'given', frozenset())
+    model = model_config(config, given, src, meta)
+    block_size = model['block_size']
+    micro_steps = schedule.accumulation_steps(config['total_batch_size'], config['gradient_accumulation_steps'],
+                                              config['batch_size'], block_size, world_size, verbose)
+    tokens_per_iter = micro_steps * world_size * config['batch_size'] * block_size
+    max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose)
+    fresh = src.kind != 'resume'
+    earlier = tuple(rundir.earlier_run(config['out_dir']) if fresh and os.path.isdir(config['out_dir']) else ())
+    settings = dict(config)
+    settings.update({k: v for k, v in model.items() if k in settings})  # the model that runs, not the flags
+    settings.update(block_size=block_size, gradient_accumulation_steps=micro_steps * world_size,
+                    max_iters=max_iters, warmup_iters=warmup_iters, lr_decay_iters=lr_decay_iters,
+                    device=device, dtype=dtype)
+    return RunPlan(init=src.kind, init_from=config['init_from'], source=src.name, model=MappingProxyType(model),
+                   block_size=block_size, world_size=world_size, micro_steps=micro_steps,
+                   tokens_per_iter=tokens_per_iter, max_iters=max_iters, warmup_iters=warmup_iters,
+                   lr_decay_iters=lr_decay_iters, out_dir=config['out_dir'], earlier_run=earlier, device=device,
+                   dtype=dtype, settings=MappingProxyType(settings))
+
+
+def model_config(config, given, src, meta):
+    """Every GPTConfig field of the model the run trains, as a dict (GPTConfig's derived values filled in)."""
+    runtime = {k: config[k] for k in GPTConfig.fields_of(RUNTIME) if k in config}
+    if src.kind == 'scratch':
+        settable = {k: config[k] for k in GPTConfig.fields_of(ARCHITECTURE) + GPTConfig.fields_of(INITIALISATION)
+                    if k in config}
+        return asdict(GPTConfig(**settable, **runtime, vocab_size=new_vocab_size(meta)))
+    # weights to start from: their architecture, this run's runtime fields
+    theirs = asdict(GPTConfig(**{k: v for k, v in src.model_args.items() if k in GPTConfig.fields_of(ARCHITECTURE)}))
+    crop = src.kind == 'pretrained' and 'block_size' in given and config['block_size'] <= theirs['block_size']
+    refuse_other_architecture(config, given, src, theirs, skip=('block_size',) if crop else ())
+    refuse_ignored_initialisation(config, given, src)
+    inits = {k: src.run_config.get(k, getattr(GPTConfig, k)) for k in GPTConfig.fields_of(INITIALISATION)}
+    return {**theirs, **inits, **runtime, 'block_size': config['block_size'] if crop else theirs['block_size']}
+
+
+def new_vocab_size(meta):
+    """A new model's vocabulary: GPT-2's 50257 rounded up to 50304 (a multiple of 64, for faster matmuls) when
+    the data has no metadata; BPE vocabularies are rounded up likewise; a character vocabulary gets one id
+    more, which the data never holds: an exported model's end-of-text and padding token (docs/export.md)."""
+    if meta is None:
+        return 50304
+    if meta['tokenizer'] == 'char':
+        return meta['vocab_size'] + 1
+    return -(-meta['vocab_size'] // 64) * 64
+
+
+def refuse_other_architecture(config, given, src, theirs, skip=()):
+    """One line for every architecture field the user set that differs from the model being started from.
+    Values are compared as GPTConfig understands them (n_kv_head=0 is n_head, mlp_hidden=0 the default)."""
+    keys = [k for k in GPTConfig.fields_of(ARCHITECTURE) if k in given and k not in skip]
+    if not keys:
+        return
+    try:
+        asked = asdict(GPTConfig(**{**theirs, **{k: config[k] for k in keys},
+                                    **{k: 0 for k in ('n_kv_head', 'mlp_hidden') if k in keys and not config[k]}}))
+    except UserError:  # the fields given do not even make a model together: compare them as they are
+        asked = {k: config[k] for k in keys}
+    differ = [k for k in keys if asked[k] != theirs[k]]
+    if not differ:
+        return
+    what = (f"the checkpoint {src.name} is a" if src.kind == 'resume' else f"the pretrained model {src.name} is a")
+    shape = f"{theirs['n_layer']}-layer, {theirs['n_embd']}-wide {theirs['family']} model"
+    keep = ("a resumed model keeps its architecture" if src.kind == 'resume' else
+            "a pretrained model keeps its architecture (block_size may only be smaller: the model is cropped)")
+    raise UserError(f"{what} {shape}; {keep}, but this run sets "
+                    + ", ".join(f"{k}={config[k]!r} (model: {theirs[k]!r})" for k in differ)
+                    + ": leave " + ("it" if len(differ) == 1 else "them") + " out, or train a new model "
+                    "(--init_from=scratch) in another out_dir")
+
+
+def refuse_ignored_initialisation(config, given, src):
+    """An initialisation field does nothing when the weights exist already: a value the user gave that
+    differs from what made those weights (the checkpoint's run; a pretrained model: the default) is refused."""
+    made_with = {k: src.run_config.get(k, getattr(GPTConfig, k)) for k in GPTConfig.fields_of(INITIALISATION)}
+    differ = [k for k in made_with if k in given and config[k] != made_with[k]]
+    if differ:
+        raise UserError(", ".join(f"{k}={config[k]!r}" for k in differ) + " only sets how a new model's weights "
+                        f"start, and this run starts from {src.name}'s weights (made with "
+                        + ", ".join(f"{k}={made_with[k]!r}" for k in differ) + "): leave it out, or train a new "
+                        "model with --init_from=scratch")
+
+
+def build_model(plan, src, seed):
+    """The plan's model: new (the same initial weights on every rank: FSDP has no broadcast), the checkpoint's
+    weights (a sharded checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained
+    ones, downloaded here for a GPT-2 name and cropped to the plan's block_size."""
+    import torch
+
+    from gpt import checkpoint
+    from model import GPT
+    if src.kind == 'scratch':
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT(GPTConfig(**plan.model))
+    elif src.kind == 'resume':
+        model = GPT(GPTConfig(**plan.model))
+        if not src.checkpoint['sharded']:
+            checkpoint.load_weights(model, src.checkpoint['model'], src.name)
+    else:
+        args, weights = (src.model_args, src.weights) if src.weights is not None else \
+            checkpoint.pretrained_weights(src.name)
+        full = {**plan.model, 'block_size': args['block_size']}
+        mismatch = [k for k in GPTConfig.fields_of(ARCHITECTURE)
+                    if k != 'block_size' and args.get(k, full[k]) != full[k]]
+        if mismatch:
+            raise UserError(f"{src.name}'s weights are not the model its config describes ({', '.join(mismatch)})")
+        model = GPT(GPTConfig(**full))
+        checkpoint.load_weights(model, weights, src.name)
+        if plan.block_size < model.config.block_size:
+            model.crop_block_size(plan.block_size)  # model surgery: fewer positions than it was trained on
+    assert asdict(model.config) == dict(plan.model), "the model built is not the plan's"
+    return model

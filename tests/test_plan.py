@@ -1,0 +1,176 @@
+"""
+The run plan (gpt/plan.py): what the user gave (config.given, whatever the values), the checkpoint or
+pretrained model, the data and the machine make one frozen plan. A resumed model is its checkpoint's: every
+architecture field the user set that differs is refused in one line, a value equal to train.py's default
+included; counts derive from the model's block_size; checkpoints and log.jsonl record the plan; a new
+GPTConfig field is handled by its kind alone.
+"""
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+from conftest import flags, log_rows, run, tiny, write_ids_dataset
+
+import configurator
+from gpt import plan
+from gpt.checkpoint import load_checkpoint
+from gpt.errors import UserError
+from model import ARCHITECTURE, GPT, GPTConfig, architecture
+
+# train.py's settings that a plan reads, at train.py's defaults
+TRAIN = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, bias=False, dropout=0.0, **GPTConfig.options(),
+             batch_size=4, gradient_accumulation_steps=1, total_batch_size=0, max_iters=100, max_tokens=0,
+             warmup_iters=10, warmup_tokens=0, lr_decay_iters=100, lr_decay_tokens=0, lr_schedule='cosine',
+             lr_decay_frac=0.2, init_from='resume', out_dir='out-plan-test-does-not-exist', fused_loss=False)
+
+
+def given(**kw):
+    """Settings as the configurator returns them: train.py's, with these set by the user."""
+    return configurator.Config({**TRAIN, **kw}, kw)
+
+
+def checkpoint_source(run_config=None, **model_args):
+    args = {**dict(n_layer=2, n_head=2, n_embd=64, block_size=64, bias=False, vocab_size=16, dropout=0.0),
+            **model_args}
+    return plan.Source('resume', 'out/ckpt.pt', args, run_config or {})
+
+
+def make(config, src=None, world_size=1):
+    return plan.make(config, src or checkpoint_source(), None, world_size, 'cpu', 'float32')
+
+
+def test_a_resumed_model_is_the_checkpoints():
+    p = make(given())
+    assert (p.model['n_layer'], p.model['n_embd'], p.block_size) == (2, 64, 64)
+    assert dict(p.model) == dataclasses.asdict(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, bias=False,
+                                                         vocab_size=16))
+    # what the run records is the model that runs, not train.py's defaults
+    assert (p.settings['n_layer'], p.settings['block_size']) == (2, 64)
+    assert make(given(n_layer=2, n_kv_head=0, mlp_hidden=256)).model['n_layer'] == 2  # the same values: fine
+    assert make(given(dropout=0.1, fused_loss=True)).model['dropout'] == 0.1  # runtime fields are the run's
+
+
+@pytest.mark.parametrize("flags_, named", [
+    (dict(n_layer=12), "n_layer=12 (model: 2)"),  # train.py's own default, given: still a request
+    (dict(qk_norm=True, mlp_act='relu2'), "qk_norm=True (model: False), mlp_act='relu2' (model: 'gelu')"),
+    (dict(logit_softcap=30.0), "logit_softcap=30.0 (model: 0.0)"),
+    (dict(block_size=32), "block_size=32 (model: 64)"),  # a resumed model's positions are its own
+    (dict(family='llama', n_head=4), "n_head=4 (model: 2), family='llama' (model: 'gpt2')"),
+])
+def test_architecture_the_user_sets_that_differs_is_refused(flags_, named):
+    with pytest.raises(UserError) as e:
+        make(given(**flags_))
+    assert named in str(e.value) and "the checkpoint out/ckpt.pt is a 2-layer, 64-wide gpt2 model" in str(e.value)
+
+
+def test_initialisation_that_would_do_nothing_is_refused():
+    with pytest.raises(UserError, match="zero_init_proj=True only sets how a new model's weights start"):
+        make(given(zero_init_proj=True))
+    # the same command as the run that made the checkpoint, plus --init_from=resume: fine
+    assert make(given(zero_init_proj=True), checkpoint_source({'zero_init_proj': True})).model['zero_init_proj']
+
+
+def test_counts_derive_from_the_models_block_size():
+    # total_batch_size in the first run's terms (a block_size=16 model): 128 tokens = 2 micro-steps of 4 x 16,
+    # computed from the checkpoint's block_size, not train.py's 1024 (which cannot divide 128 at all)
+    p = make(given(total_batch_size=128, max_tokens=1280), checkpoint_source(block_size=16))
+    assert (p.micro_steps, p.tokens_per_iter, p.max_iters) == (2, 128, 10)
+    assert p.settings['gradient_accumulation_steps'] == 2 and p.settings['max_iters'] == 10
+    p = make(given(gradient_accumulation_steps=4), checkpoint_source(block_size=16), world_size=2)
+    assert (p.micro_steps, p.settings['gradient_accumulation_steps'], p.tokens_per_iter) == (2, 4, 2 * 2 * 4 * 16)
+
+
+def test_a_pretrained_model_keeps_its_architecture_but_may_be_cropped():
+    src = plan.Source('pretrained', 'gpt2', dict(plan.GPT2_HUB['gpt2'], vocab_size=50257, block_size=1024, bias=True))
+    p = make(given(init_from='gpt2', block_size=256, dropout=0.1), src)
+    assert (p.block_size, p.model['n_layer'], p.model['vocab_size'], p.model['dropout']) == (256, 12, 50257, 0.1)
+    with pytest.raises(UserError, match="block_size=2048 .model: 1024."):
+        make(given(init_from='gpt2', block_size=2048), src)
+    with pytest.raises(UserError, match="the pretrained model gpt2 is a 12-layer, 768-wide gpt2 model.*n_layer=6"):
+        make(given(init_from='gpt2', n_layer=6), src)
+    with pytest.raises(UserError, match="zero_init_proj=True only sets"):
+        make(given(init_from='gpt2', zero_init_proj=True), src)
+
+
+def test_the_plan_is_frozen_and_records_as_plain_data():
+    p = make(given())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.block_size = 8
+    with pytest.raises(TypeError):
+        p.model['n_layer'] = 8
+    record = p.record()
+    assert record['model']['n_layer'] == 2 and record['settings']['block_size'] == 64 and record['init'] == 'resume'
+    assert all(type(v) in (dict, list, str, int, float, bool) for v in record.values())
+
+
+@pytest.fixture
+def extra_architecture_field(monkeypatch):
+    """GPTConfig with one more architecture field, test_extra (0 by default; the model ignores it), in every
+    module that holds the class: what a new switch added to model.py looks like to the rest of the code."""
+    original = GPTConfig
+    extended = dataclasses.make_dataclass('GPTConfig', [('test_extra', int, architecture(0))], bases=(original,))
+    for module in list(sys.modules.values()):
+        if getattr(module, 'GPTConfig', None) is original:
+            monkeypatch.setattr(module, 'GPTConfig', extended)
+    yield 'test_extra'
+
+
+def test_a_new_architecture_field_needs_no_change_to_resume_or_checkpoints(extra_architecture_field):
+    name = extra_architecture_field
+    assert name in plan.GPTConfig.fields_of(ARCHITECTURE)
+    # resume refuses it when the user sets another value than the checkpoint's
+    with pytest.raises(UserError, match=f"{name}=5 .model: 3."):
+        make(given(**{name: 5}), checkpoint_source(**{name: 3}))
+    assert make(given(), checkpoint_source(**{name: 3})).model[name] == 3
+    # checkpoints record it where it differs from its default (nanoGPT's keys always)
+    model = GPT(plan.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=16, **{name: 3}))
+    assert model.config.checkpoint_args()[name] == 3
+
+
+# ---- the cases of issue 22, end to end through train.py -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """A 1-layer model with block_size 16 and zero-initialised projections, trained 3 steps."""
+    tmp = tmp_path_factory.mktemp("plan")
+    ids = np.random.default_rng(0).integers(0, 16, 3000)
+    data = write_ids_dataset(tmp / "data", ids, "abcdefghijklmnop", val=500 / 3000)
+    out = tmp / "out"
+    settings = tiny(n_layer=1, block_size=16, eval_interval=3, eval_iters=1, data_dir=data, out_dir=out)
+    run("train.py", *flags(**settings), "--zero_init_proj=True", "--max_iters=3")
+    return settings, out
+
+
+def resume(first_run, *extra, check=True):
+    settings, out = first_run
+    return run("train.py", *flags(**{k: v for k, v in settings.items() if k not in ("n_layer", "block_size")}),
+               "--init_from=resume", *extra, check=check)
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--qk_norm=True", "--mlp_act=relu2"], "qk_norm=True (model: False), mlp_act='relu2' (model: 'gelu')"),
+    (["--n_layer=12"], "n_layer=12 (model: 1)"),
+])
+def test_resume_refuses_another_architecture_in_one_line(first_run, extra, named):
+    before = (first_run[1] / "ckpt.pt").read_bytes()
+    r = resume(first_run, *extra, "--max_iters=6", check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and named in errors[0], r.stderr[-2000:]
+    assert (first_run[1] / "ckpt.pt").read_bytes() == before  # nothing touched
+
+
+def test_resume_in_the_first_runs_terms_runs_and_records_the_plan(first_run):
+    # the first run's total_batch_size of 128 tokens: 2 micro-steps of 4 x 16 (the checkpoint's block_size)
+    r = resume(first_run, "--total_batch_size=128", "--max_iters=5", "--zero_init_proj=True")
+    assert "total_batch_size=128 -> gradient_accumulation_steps=2" in r.stdout
+    assert "gradient_accumulation_steps=2" in r.stdout.split("config:")[1]  # the config printed is what ran
+    ckpt = load_checkpoint(str(first_run[1] / "ckpt.pt"))
+    assert ckpt["iter_num"] == 5 and ckpt["config"]["gradient_accumulation_steps"] == 2
+    assert ckpt["config"]["block_size"] == 16 and ckpt["config"]["n_layer"] == 1
+    assert ckpt["plan"]["micro_steps"] == 2 and ckpt["plan"]["tokens_per_iter"] == 128
+    assert ckpt["plan"]["model"] == dataclasses.asdict(GPTConfig(**{**ckpt["model_args"], "zero_init_proj": True}))
+    plans = log_rows(first_run[1], "plan")
+    assert [p["init"] for p in plans] == ["scratch", "resume"] and plans[-1]["tokens_per_iter"] == 128
+    assert [row["tokens"] for row in log_rows(first_run[1])][-2:] == [4 * 128, 5 * 128]
