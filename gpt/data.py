@@ -221,6 +221,10 @@ def find_dataset(dataset, data_dir="", verbose=False):
     meta = read_meta(data_dir)
     if verbose:
         print(describe_dataset(data_dir, meta))
+    for split in ("train", "val"):  # here, before the run plan reads a checkpoint or names a download
+        if not list_shards(data_dir, split) and not os.path.exists(os.path.join(data_dir, f"{split}.bin")):
+            raise UserError(f"dataset '{dataset}' has no {split} split in {data_dir} (no {split}.bin, no "
+                            f"*_{split}_* shards): prepare it with `{hint}`")
     return data_dir, meta, hint
 
 

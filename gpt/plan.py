@@ -57,12 +57,23 @@ def source(init_from, out_dir, parallelism):
         ckpt = checkpoint.load_for_resume(out_dir, parallelism)
         return Source('resume', ckpt['path'], dict(ckpt['model_args']), dict(ckpt.get('config') or {}), ckpt)
     if init_from in GPT2_HUB:
+        check_reachable(init_from)
         return Source('pretrained', init_from, dict(GPT2_HUB[init_from], vocab_size=50257, block_size=1024, bias=True))
     if os.path.isdir(init_from):  # a transformers folder: read here, so its problems come before any side effect
         args, weights = checkpoint.pretrained_weights(init_from)
         return Source('pretrained', init_from, args, weights=weights)
     raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                     f"or a folder written by transformers' save_pretrained")
+
+
+def check_reachable(name):
+    """A hub model that cannot be had is refused now, not after out_dir was claimed: offline (HF_HUB_OFFLINE)
+    it must be in the local cache. Online, only the download itself can tell."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, 'config.json'), str):
+        raise UserError(f"init_from={name}: its weights are not in the Hugging Face cache and HF_HUB_OFFLINE is set: "
+                        f"download them once with a network (python -c \"from transformers import GPT2LMHeadModel; "
+                        f"GPT2LMHeadModel.from_pretrained('{name}')\"), or pass a local transformers folder")
 
 
 @dataclass(frozen=True)

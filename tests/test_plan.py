@@ -174,3 +174,20 @@ def test_resume_in_the_first_runs_terms_runs_and_records_the_plan(first_run):
     plans = log_rows(first_run[1], "plan")
     assert [p["init"] for p in plans] == ["scratch", "resume"] and plans[-1]["tokens_per_iter"] == 128
     assert [row["tokens"] for row in log_rows(first_run[1])][-2:] == [4 * 128, 5 * 128]
+
+
+@pytest.mark.parametrize("case", ["no data", "no checkpoint to resume", "another architecture"])
+def test_a_refused_run_leaves_the_disk_as_it_found_it(first_run, tmp_path, case):
+    """Every check runs before out_dir is claimed: an earlier run is not moved aside, a new folder not made."""
+    settings, out = first_run
+    earlier = sorted(p.name for p in out.iterdir())
+    base = flags(**{k: v for k, v in settings.items() if k not in ("out_dir", "data_dir")})
+    args = {"no data": [f"--data_dir={tmp_path / 'missing'}", f"--out_dir={out}"],
+            "no checkpoint to resume": [f"--data_dir={settings['data_dir']}", f"--out_dir={tmp_path / 'new'}",
+                                        "--init_from=resume"],
+            "another architecture": [f"--data_dir={settings['data_dir']}", f"--out_dir={out}",
+                                     "--init_from=resume", "--n_layer=3"]}[case]
+    r = run("train.py", *base, *args, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == earlier  # nothing moved aside, nothing added
+    assert not (tmp_path / "new").exists()
