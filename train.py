@@ -124,8 +124,10 @@ sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every ran
 gradient_accumulation_steps = schedule.accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size,
                                                          block_size, world_size, master_process)
 dtype = hardware.resolve_dtype(dtype, device_type)
-if master_process:  # out_dir: writable, locked for this run, an earlier run's files moved aside by a new one
-    rundir.claim(out_dir, fresh=init_from != 'resume')
+claim = None  # out_dir: writable, locked for this run, an earlier run's files moved aside by a new one
+if master_process:
+    claim = rundir.claim(out_dir, fresh=init_from != 'resume')
+    errors.on_failure(claim.undo)  # a run that fails before its first step leaves out_dir as it found it
 # a resumed run's model is its checkpoint's: shape settings that differ are refused, its block_size the default
 resumed = checkpoint.load_for_resume(out_dir, parallelism) if init_from == 'resume' else None
 block_size = checkpoint.resume_shape(resumed, config, _defaults) if resumed else block_size
@@ -281,6 +283,8 @@ if dashboard and master_process:
     start_dashboard(out_dir, dashboard_port, training=True)
 
 # training loop
+if claim is not None:
+    claim.settle()  # the run starts: from here on a failure leaves its files (and the earlier run's aside) be
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
