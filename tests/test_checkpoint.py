@@ -244,3 +244,21 @@ def test_files_cannot_run_code(tmp_path):
     with open(tmp_path / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": 2, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}, f)
     assert read_meta(str(tmp_path))["itos"] == ["a", "b"]
+
+
+def test_no_checkpoint_names_the_earlier_runs_kept_aside(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", check=False)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: no checkpoint at {out / 'ckpt.pt'}: train one first, " \
+                                                     f"or point out_dir at the folder holding ckpt.pt"
+    for name in ("earlier-20260101-120000", "earlier-20260101-120000-2", "earlier-20251231-235959",
+                 "earlier-20260102-080000"):  # the last has no checkpoint (a log alone): not named
+        (out / name).mkdir()
+        (out / name / ("log.jsonl" if name.endswith("080000") else "ckpt.pt")).write_text("x")
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", check=False)
+    newest = out / "earlier-20260101-120000-2"
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: no checkpoint at {out / 'ckpt.pt'}: an earlier run's checkpoint is kept in {newest} (older ones: "
+        f"{out / 'earlier-20260101-120000'}, {out / 'earlier-20251231-235959'}): use --out_dir={newest}, or move "
+        f"its files back"), r.stderr

@@ -196,3 +196,35 @@ def test_a_removed_lock_file_does_not_let_a_second_run_in(tmp_path):
         holder.kill()
         holder.wait()
 
+
+def save_into(saver):
+    import torch
+    model = torch.nn.Linear(2, 2)
+    return saver.save(model, torch.optim.AdamW(model.parameters()), iter_num=5, model_args={})
+
+
+def test_a_live_run_never_writes_into_a_folder_another_run_claimed(tmp_path):
+    from gpt import checkpoint
+    out = tmp_path / "out"
+    held = rundir.claim(str(out), fresh=True)
+    saver = checkpoint.Saver(str(out), held)
+    try:
+        assert held.owner_problem() is None and save_into(saver)
+        os.remove(out / "run.lock")  # removed by hand: the folder lock still says it is ours
+        assert held.owner_problem() is None and save_into(saver)
+        (out / "ckpt.pt").write_text("the other run's")  # another run claimed it (as one could where the
+        (out / "run.lock").write_text("PID 4242 on host elsewhere, since 2026-01-01T00:00:00, run abc\n")
+        with pytest.raises(UserError) as e:  # folder lock cannot be had: NFS), and wrote its checkpoint
+            save_into(saver)
+        assert str(e.value).startswith(f"not saving to {out}: another run has claimed {out} (PID 4242 on host "
+                                       f"elsewhere, since 2026-01-01T00:00:00, run abc); this run stops")
+        assert (out / "ckpt.pt").read_text() == "the other run's"
+        held.release()  # and never removes that run's lock file
+        assert (out / "run.lock").exists()
+        os.rename(out, tmp_path / "moved")  # out_dir replaced by another folder of the same name
+        held = rundir.claim(str(out), fresh=True)
+        stale = rundir.Claim(str(out))
+        stale.folder = (os.stat(tmp_path / "moved").st_dev, os.stat(tmp_path / "moved").st_ino)
+        assert "is no longer the folder this run claimed" in stale.owner_problem()
+    finally:
+        held.release()
