@@ -157,8 +157,10 @@ if master_process:
 
 # -----------------------------------------------------------------------------
 # side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
-if master_process:  # out_dir: locked for this run, an earlier run's files moved aside by a new one
-    rundir.claim(out_dir, fresh=run.init != 'resume')
+claim = None  # out_dir: locked for this run, an earlier run's files moved aside by a new one
+if master_process:
+    claim = rundir.claim(out_dir, fresh=run.init != 'resume')
+    errors.on_failure(claim.undo)  # a run that fails before its first step leaves out_dir as it found it
 if hellaswag_interval:
     from gpt import hellaswag
     hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
@@ -189,6 +191,7 @@ optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(out_dir, enabled=master_process)
 state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, rank, world_size)
+saver = checkpoint.Saver(out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, whose out_dir
 iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
 source = None  # free up memory (a checkpoint's tensors)
 
@@ -206,12 +209,12 @@ def elapsed():
 
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
-    exactly as this one would. With a name: that file instead, kept beside ckpt.pt."""
-    checkpoint.save(out_dir, raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
-                    model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
-                    scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
-                    log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
-                    wandb_run_id=state['wandb_run_id'], plan=run.record())
+    exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it."""
+    return saver.save(raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
+                      model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
+                      scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
+                      log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
+                      wandb_run_id=state['wandb_run_id'], plan=run.record())
 
 
 def evaluate(due):
@@ -254,6 +257,8 @@ if dashboard and master_process:
     start_dashboard(out_dir, dashboard_port, training=True)
 
 # training loop
+if claim is not None:
+    claim.settle()  # the run starts: from here on a failure leaves its files (and the earlier run's aside) be
 stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
@@ -275,8 +280,10 @@ while True:
                        eval_interval, hellaswag_interval, sample_interval, tokens_per_iter, ckpt_every_tokens,
                        checkpoint_interval)
     row = evaluate(due) if due.loss or due.hellaswag else {}
-    saves = checkpoint.due(iter_num, due, row.get('val_loss'), best_val_loss, eval_only, always_save_checkpoint,
-                           checkpoint_interval)
+    if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved
+        saver.record_eval(iter_num, row['val_loss'], best_val_loss)
+    saves = saver.to_save(iter_num, due, row.get('val_loss'), best_val_loss, eval_only, always_save_checkpoint,
+                          checkpoint_interval)
     best_val_loss = min(best_val_loss, row.get('val_loss', best_val_loss))
     for name in saves:
         save(name)
@@ -325,7 +332,7 @@ while True:
         if nonfinite_in_a_row >= max_nonfinite_steps:
             raise errors.UserError(
                 f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
-                f"(max_nonfinite_steps={max_nonfinite_steps}); {checkpoint.last_good(out_dir)}. "
+                f"(max_nonfinite_steps={max_nonfinite_steps}); {saver.last_good()}. "
                 f"Try a lower learning_rate, dtype=bfloat16, or check the data")
 
     # timing and logging
@@ -353,11 +360,11 @@ while True:
 
     # preemption: the step is done; checkpoint it and leave
     if stop.requested(device):
-        save()
+        saved = save()
         log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
         if master_process:
-            print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
-                  f"(and --out_dir={out_dir})")
+            print(f"stopped at iteration {iter_num}; " + ("" if saved else f"not saved: {saver.last_good()}; ")
+                  + f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})")
         if torchrun:
             del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
             distributed.finish()
@@ -367,4 +374,4 @@ log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_
 if torchrun:
     del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
     distributed.finish()
-checkpoint.check_last_save(out_dir)  # a run whose last save failed does not end with status 0
+saver.check_end()  # a run whose last save failed, or that ended diverged, does not end with status 0

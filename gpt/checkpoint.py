@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gpt import rundir
 from gpt.atomic import atomic_write
 from gpt.data import dataset_dir, read_meta
 from gpt.errors import UserError
@@ -23,11 +24,9 @@ from model import GPT, GPTConfig
 
 DCP_DIR = "ckpt_dcp"  # a sharded checkpoint (parallelism=fsdp): every rank writes its part
 TRAIN_STATE = "train_state.pt"  # the non-tensor part of a sharded checkpoint, written by rank 0
-# what this process knows of the run's checkpoints: the last one it wrote or resumed from, as (path, iter_num),
-# and the step of the last evaluation whose val loss was not finite (None: it was, or there was none)
-_last_good = None
-_nonfinite_eval_at = None
-_save_failed = None  # why this process's last save failed, or None: it did not
+# how far above the best val loss so far (in nats) a loss that is also above the untrained model's counts as
+# divergence: docs/checkpoints.md#numerical-faults says why 1 nat
+DIVERGENCE_MARGIN = 1.0
 # prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 
@@ -47,7 +46,11 @@ def clean_state_dict(state_dict):
 def save_checkpoint(ckpt, path):
     """Write atomically; on failure (disk full, quota, read-only, I/O error) say so in one line and keep the
     previous file. Returns whether the save succeeded."""
-    global _save_failed
+    return write_checkpoint(ckpt, path) is None
+
+
+def write_checkpoint(ckpt, path):
+    """save_checkpoint's work: returns None when the checkpoint is on disk, else why not (said in one line)."""
     # temp files of saves that a crash or kill -9 cut short would otherwise pile up, each a whole checkpoint
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):
@@ -59,22 +62,13 @@ def save_checkpoint(ckpt, path):
     try:
         with atomic_write(path) as f:
             torch.save(ckpt, f)
-        _save_failed = None
-        return True
+        return None
     except (OSError, RuntimeError) as e:
         reason = write_failure(e)
         if reason is None:
             raise  # not a failure to write: a bug, with its traceback
         print(f"error: could not save checkpoint to {path} ({reason}); the previous checkpoint is kept")
-        _save_failed = f"{path}: {reason}"
-        return False
-
-
-def check_last_save(out_dir):
-    """At the end of a run: one error line (status 2) when its last save failed, so that no script takes the
-    run for complete."""
-    if _save_failed:
-        raise UserError(f"the run's last checkpoint could not be saved ({_save_failed}); {last_good(out_dir)}")
+        return f"{path}: {reason}"
 
 
 def write_failure(e):
@@ -98,70 +92,147 @@ def gather_rng_states():
     return states
 
 
-def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
-    """A training checkpoint: the model and optimizer, plus `state` (iter_num, config, ...) and every rank's
-    random state. Every rank calls this, and nobody moves on, or exits, before it is on disk.
-    sharded (parallelism=fsdp under torchrun): every rank writes its part into out_dir/ckpt_dcp/. Otherwise
-    rank 0 writes out_dir/ckpt.pt and keeps the last `keep` of them as numbered copies (0: none); with a
-    name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
-    and only the last `keep` of its kind (0: all)."""
-    global _last_good
-    distributed = dist.is_available() and dist.is_initialized()
-    master = not distributed or dist.get_rank() == 0
-    if _nonfinite_eval_at is not None:  # the weights give a NaN/inf loss: never written over a good checkpoint
-        if master:
-            print(f"not saving a checkpoint: the val loss at step {_nonfinite_eval_at} was not finite "
-                  f"({last_good(out_dir)})")
-        return
-    if sharded:
-        save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
-        _last_good = (os.path.join(out_dir, DCP_DIR), state["iter_num"])
-        return
-    rng = gather_rng_states()
-    if master:
-        path = os.path.join(out_dir, name or "ckpt.pt")
+class Saver:
+    """What a run knows of its own checkpoints, held by train.py (one per process): the last good checkpoint,
+    whether the weights are judged broken since the last evaluation, why the last save failed, and whose
+    out_dir it is (claim: gpt/rundir.py's Claim on rank 0, checked before every save; None elsewhere).
+    Commands change it: record_eval, save. Queries do not: to_save, last_good, check_end.
+    resumed: the checkpoint the run resumes from (load_for_resume's), or None."""
+
+    def __init__(self, out_dir, claim=None, resumed=None):
+        self.out_dir, self.claim = out_dir, claim
+        self.good = None  # (path, iter_num) of the last checkpoint this run wrote or resumed from
+        self.initial_val_loss = None  # the untrained model's val loss: a healthy run never goes above it
+        self.diverged = None  # why the last evaluation says the weights are broken, or None
+        self.save_failed = None  # why the last save failed, or None
+        if resumed is not None:
+            self.good = (resumed['path'], resumed.get('iter_num', 0))
+            # a checkpoint that does not record it (nanoGPT's): an untrained model's loss is ln(vocab_size)
+            self.initial_val_loss = resumed.get('initial_val_loss') or math.log(resumed['model_args']['vocab_size'])
+
+    def record_eval(self, iter_num, val_loss, best_val_loss):
+        """A val loss was evaluated at iter_num (best_val_loss: the best before it): judge the weights by it,
+        saying so when they are broken. The first evaluation of a new run is the untrained model's."""
+        if self.initial_val_loss is None and math.isfinite(val_loss):
+            self.initial_val_loss = val_loss
+        self.diverged = divergence(iter_num, val_loss, best_val_loss, self.initial_val_loss)
+        if self.diverged and is_master():
+            print(f"step {iter_num}: not saving a checkpoint: {self.diverged}")
+
+    def to_save(self, iter_num, due_now, val_loss, best_val_loss, eval_only, always_save_checkpoint,
+                checkpoint_interval):
+        """The checkpoints to write at this step (due's answer), none while the weights are judged broken."""
+        if self.diverged:
+            return []
+        return due(iter_num, due_now, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval)
+
+    def save(self, model, optimizer, sharded=False, name=None, keep=0, **state):
+        """A training checkpoint: the model and optimizer, plus `state` (iter_num, config, ...), every rank's
+        random state and the untrained model's val loss. Every rank calls this, and nobody moves on, or
+        exits, before it is on disk. Nothing is written while the weights are judged broken, or when they
+        hold a NaN or inf; a run whose out_dir another run has claimed stops here (UserError).
+        sharded (parallelism=fsdp under torchrun): every rank writes its part into out_dir/ckpt_dcp/. Otherwise
+        rank 0 writes out_dir/ckpt.pt and keeps the last `keep` of them as numbered copies (0: none); with a
+        name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
+        and only the last `keep` of its kind (0: all). Returns whether it was written (False on ranks > 0
+        of an unsharded save, which write nothing)."""
+        problem = self.owner_problem()
+        if problem:
+            raise UserError(f"not saving to {self.out_dir}: {problem}; this run stops so as not to write over "
+                            f"that run's files ({self.last_good()})")
+        if self.diverged:
+            if is_master():
+                print(f"not saving a checkpoint: {self.diverged} ({self.last_good()})")
+            return False
+        state = {**state, "initial_val_loss": self.initial_val_loss}
+        if sharded:
+            save_sharded(self.out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+            self.good = (os.path.join(self.out_dir, DCP_DIR), state["iter_num"])
+            return True
+        rng = gather_rng_states()
+        saved = is_master() and self.write(model, optimizer, name, keep, {**state, "rng": rng})
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return saved
+
+    def owner_problem(self):
+        """Why out_dir is no longer this run's (rank 0's claim says; every rank gets its answer), or None."""
+        problem = self.claim.owner_problem() if self.claim is not None else None
+        if dist.is_available() and dist.is_initialized():
+            box = [problem]
+            dist.broadcast_object_list(box, src=0)
+            problem = box[0]
+        return problem
+
+    def write(self, model, optimizer, name, keep, state):
+        """Rank 0's part of an unsharded save; returns whether it was written."""
+        path = os.path.join(self.out_dir, name or "ckpt.pt")
         model_sd = model.state_dict()
         bad = next((k for k, v in model_sd.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
         if bad is not None:
-            print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({last_good(out_dir)})")
-        else:
-            print(f"saving checkpoint to {path}")
-            ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state, "rng": rng}
-            saved = save_checkpoint(ckpt, path)
-            if saved and name is None:
-                _last_good = (path, state["iter_num"])
-            if saved and keep > 0 and name is None:
-                keep_numbered_copy(path, state["iter_num"], keep)
-            elif saved and keep > 0:
-                prune_checkpoints(out_dir, name, keep)
-    if distributed:
-        dist.barrier()
+            print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({self.last_good()})")
+            return False
+        print(f"saving checkpoint to {path}")
+        ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state}
+        self.save_failed = write_checkpoint(ckpt, path)
+        if self.save_failed:
+            return False
+        if name is None:
+            self.good = (path, state["iter_num"])
+        if keep > 0 and name is None:
+            keep_numbered_copy(path, state["iter_num"], keep)
+        elif keep > 0:
+            prune_checkpoints(self.out_dir, name, keep)
+        return True
+
+    def last_good(self):
+        """Which checkpoint is the good one to go back to, in words: the last this run wrote or resumed from."""
+        if self.good is not None:
+            return f"the last good checkpoint is {self.good[0]}, from step {self.good[1]}"
+        path = os.path.join(self.out_dir, "ckpt.pt")
+        if os.path.exists(path):
+            return f"{path} was not written by this run"
+        earlier = rundir.earlier_runs(self.out_dir)
+        return f"there is no good checkpoint: this run wrote none to {self.out_dir}" + (
+            f" (an earlier run's is kept in {earlier[0]})" if earlier else "")
+
+    def check_end(self):
+        """At the end of a run: one error line (status 2) when its last save failed or its weights ended
+        broken, so that no script takes the run for complete."""
+        if self.save_failed:
+            raise UserError(f"the run's last checkpoint could not be saved ({self.save_failed}); {self.last_good()}")
+        if self.diverged:
+            raise UserError(f"the run ended with broken weights, not saved ({self.diverged}); {self.last_good()}. "
+                            f"Try a lower learning_rate, or check the data")
 
 
-def last_good(out_dir):
-    """Which checkpoint is the good one to go back to, in words: the last this run wrote or resumed from."""
-    if _last_good is not None:
-        return f"the last good checkpoint is {_last_good[0]}, from step {_last_good[1]}"
-    path = os.path.join(out_dir, "ckpt.pt")
-    if os.path.exists(path):
-        return f"{path} was not written by this run"
-    return f"there is no good checkpoint: this run wrote none to {out_dir}"
+def is_master():
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def divergence(iter_num, val_loss, best_val_loss, initial_val_loss):
+    """Why a val loss says the weights are broken, in words, or None: it is NaN or inf, or above both the
+    untrained model's loss (initial_val_loss) and the best so far plus DIVERGENCE_MARGIN
+    (docs/checkpoints.md#numerical-faults says why)."""
+    if not math.isfinite(val_loss):
+        return f"the val loss at step {iter_num} is {val_loss}"
+    initial = initial_val_loss if initial_val_loss is not None else val_loss
+    ceiling = max(initial, min(best_val_loss, initial) + DIVERGENCE_MARGIN)
+    if val_loss <= ceiling:
+        return None
+    return (f"the val loss at step {iter_num} is {val_loss:.4g}, above {ceiling:.4f}: the untrained model's "
+            f"({initial:.4f}) or the best so far + {DIVERGENCE_MARGIN:g}, whichever is larger: the weights "
+            f"have diverged")
 
 
 def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval):
-    """The checkpoints to write at this step, after its evaluations (`due`: schedule.due's answer, val_loss
-    the loss just evaluated or None): None stands for ckpt.pt, a file name for a checkpoint kept beside it.
-    checkpoint_interval 0 saves ckpt.pt at evaluations, when the val loss improved or always_save_checkpoint;
-    N > 0 every N steps and at the end; -1 never. ckpt_every_tokens's checkpoints are named with the tokens
-    seen and the val loss. Nothing at step 0 (nothing trained yet) or with eval_only. A val loss that is NaN or
-    inf means the weights are broken: nothing is written then, nor later (save refuses), until an evaluation
-    is finite again, so a diverged run never overwrites its last good checkpoint."""
-    global _nonfinite_eval_at
-    if val_loss is not None:
-        _nonfinite_eval_at = None if math.isfinite(val_loss) else iter_num
-        if _nonfinite_eval_at is not None and not (dist.is_available() and dist.is_initialized() and dist.get_rank()):
-            print(f"step {iter_num}: not saving a checkpoint: the val loss is {val_loss}")
-    if eval_only or iter_num == 0 or _nonfinite_eval_at is not None:
+    """The checkpoints the schedule asks for at this step, after its evaluations (`due`: schedule.due's answer,
+    val_loss the loss just evaluated or None): None stands for ckpt.pt, a file name for a checkpoint kept
+    beside it. checkpoint_interval 0 saves ckpt.pt at evaluations, when the val loss improved or
+    always_save_checkpoint; N > 0 every N steps and at the end; -1 never. ckpt_every_tokens's checkpoints are
+    named with the tokens seen and the val loss. Nothing at step 0 (nothing trained yet) or with eval_only.
+    (Saver.to_save asks this, and answers nothing while a diverged run's weights are broken.)"""
+    if eval_only or iter_num == 0:
         return []
     saves = []
     if checkpoint_interval > 0 and due.checkpoint:
@@ -184,7 +255,7 @@ def portable(optimizer_state):
 def load_checkpoint(path):
     """Read a checkpoint onto the CPU (no GPU memory spike), refusing anything that is not plain data."""
     if not os.path.exists(path):
-        raise UserError(f"no checkpoint at {path}: train one first, or point out_dir at the folder holding ckpt.pt")
+        raise UserError(f"no checkpoint at {path}: {where_else(path)}")
     damage = checksum_failure(path)
     if damage:
         raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
@@ -203,6 +274,18 @@ def load_checkpoint(path):
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
     return ckpt
+
+
+def where_else(path):
+    """The advice for a missing checkpoint: the newest earlier run's, kept aside by a new run into its folder
+    (gpt/rundir.py), or how to get one."""
+    folder = os.path.dirname(path) or "."
+    earlier = rundir.earlier_runs(folder)
+    if not earlier:
+        return "train one first, or point out_dir at the folder holding ckpt.pt"
+    older = f" (older ones: {', '.join(earlier[1:])})" if len(earlier) > 1 else ""
+    return (f"an earlier run's checkpoint is kept in {earlier[0]}{older}: use --out_dir={earlier[0]}, or move "
+            f"its files back")
 
 
 def checksum_failure(path):
@@ -361,10 +444,8 @@ def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size)
     state = dict(iter_num=0, best_val_loss=1e9, elapsed=0.0, skipped_steps=0, wandb_run_id=None)
     if ckpt is None:
         return state
-    global _last_good
     state.update({k: ckpt[k] for k in state if ckpt.get(k) is not None})
     state['best_val_loss'] = float(state['best_val_loss'])  # nanoGPT saves a tensor
-    _last_good = (ckpt['path'], state['iter_num'])
     if ckpt['sharded']:
         load_sharded(ckpt['sharded'], model, optimizer)
     elif isinstance(model, torch.nn.Module) and is_sharded(model):

@@ -244,3 +244,40 @@ def test_files_cannot_run_code(tmp_path):
     with open(tmp_path / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": 2, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}, f)
     assert read_meta(str(tmp_path))["itos"] == ["a", "b"]
+
+
+def test_no_checkpoint_names_the_earlier_runs_kept_aside(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", check=False)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: no checkpoint at {out / 'ckpt.pt'}: train one first, " \
+                                                     f"or point out_dir at the folder holding ckpt.pt"
+    for name in ("earlier-20260101-120000", "earlier-20260101-120000-2", "earlier-20251231-235959",
+                 "earlier-20260102-080000"):  # the last has no checkpoint (a log alone): not named
+        (out / name).mkdir()
+        (out / name / ("log.jsonl" if name.endswith("080000") else "ckpt.pt")).write_text("x")
+    r = run("sample.py", f"--out_dir={out}", "--device=cpu", check=False)
+    newest = out / "earlier-20260101-120000-2"
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: no checkpoint at {out / 'ckpt.pt'}: an earlier run's checkpoint is kept in {newest} (older ones: "
+        f"{out / 'earlier-20260101-120000'}, {out / 'earlier-20251231-235959'}): use --out_dir={newest}, or move "
+        f"its files back"), r.stderr
+
+
+def test_a_live_run_stops_rather_than_save_into_a_folder_another_run_claimed(data_dir, tmp_path):
+    """If a second run claimed out_dir anyway (its run.lock in place of this run's: a folder lock is not
+    to be had on every file system), the live run's next save refuses, in one line naming that run."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}",
+                             *flags(max_iters=100000, eval_interval=100000, checkpoint_interval=3)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(out, 4, proc)
+    os.remove(out / "run.lock")
+    (out / "run.lock").write_text("PID 4242 on host elsewhere, since 2026-01-01T00:00:00, run abc\n")
+    (out / "ckpt.pt").write_bytes(b"the other run's")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert stderr.strip().startswith(f"error: not saving to {out}: another run has claimed {out} (PID 4242 on "
+                                     f"host elsewhere, since 2026-01-01T00:00:00, run abc); this run stops") \
+        and stderr.count("\n") == 1, stderr
+    assert (out / "ckpt.pt").read_bytes() == b"the other run's" and (out / "run.lock").exists()

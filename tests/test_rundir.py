@@ -1,6 +1,8 @@
 """
-One run per out_dir (a lock naming the holder, taken over from a dead one), and a new run never mixes with
-or deletes an earlier run's log and checkpoints: they are moved aside under a dated name.
+One run per out_dir (a lock naming the holder, taken over from a dead one; the folder's own lock when run.lock
+was removed by hand; a save refused once another run has claimed the folder), a new run never mixes with or
+deletes an earlier run's log and checkpoints (they are moved aside under a dated name), the checks touch
+nothing, and a run that fails before it starts leaves the disk as it found it.
 """
 import json
 import os
@@ -19,8 +21,8 @@ from conftest import write_ids_dataset
 from gpt import rundir  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
 
-HOLDER = "import sys, time; sys.path.insert(0, sys.argv[1]); from gpt import rundir; rundir.hold(sys.argv[2]); " \
-         "print('held', flush=True); time.sleep(120)"
+HOLDER = "import sys, time; sys.path.insert(0, sys.argv[1]); from gpt import rundir; " \
+         "rundir.claim(sys.argv[2], fresh=False); print('held', flush=True); time.sleep(120)"
 TINY = ["--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
         "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=1", "--eval_interval=2",
         "--max_iters=2", "--dataset=tiny", "--dtype=float32"]
@@ -36,20 +38,19 @@ def test_a_second_run_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, capsy
     holder = start_holder(tmp_path)
     try:
         with pytest.raises(UserError) as e:
-            rundir.hold(str(tmp_path))
+            rundir.claim(str(tmp_path), fresh=False)
         assert f"in use by another run (PID {holder.pid} on host {socket.gethostname()}" in str(e.value)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    held = rundir.claim(str(tmp_path), fresh=False)  # the holder died without releasing it: taken over, with a line
     try:
-        rundir.hold(str(tmp_path))  # the holder died without releasing it: taken over, with a line
         assert f"taking over {tmp_path / 'run.lock'} from a run that ended without releasing it (PID " \
                f"{holder.pid}" in capsys.readouterr().out
     finally:
-        rundir.release()
+        held.release()
     assert not (tmp_path / "run.lock").exists()  # a clean end removes it: no note next time
-    rundir.hold(str(tmp_path))
-    rundir.release()
+    rundir.claim(str(tmp_path), fresh=False).release()
     assert "taking over" not in capsys.readouterr().out
 
 
@@ -93,3 +94,137 @@ def test_set_aside_keeps_every_file_of_the_earlier_run(tmp_path):
     (tmp_path / "log.jsonl").write_text("second")
     second = rundir.set_aside(str(tmp_path))
     assert second != first and (open(os.path.join(second, "log.jsonl")).read() == "second")
+
+
+def test_check_touches_nothing(tmp_path):
+    new = tmp_path / "a" / "b" / "out"
+    rundir.check(str(new), fresh=True)  # can be made: fine, and nothing is made
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "file").write_text("x")
+    for bad, words in ((tmp_path / "file", "is a file, not a folder"), (tmp_path / "file" / "out", "is a file")):
+        with pytest.raises(UserError, match=words):
+            rundir.check(str(bad), fresh=True)
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user whom permissions do not stop (root)")
+        with pytest.raises(UserError, match=rf"out_dir {locked / 'out'} cannot be made \({locked} is not writable"):
+            rundir.check(str(locked / "out"), fresh=True)
+        with pytest.raises(UserError):
+            rundir.claim(str(locked / "out"), fresh=True)
+        assert os.listdir(locked) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_undo_puts_the_disk_back(tmp_path, capsys):
+    new = tmp_path / "a" / "out"
+    rundir.claim(str(new), fresh=True).undo()  # made two folders: both go
+    assert os.listdir(tmp_path) == []
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("ckpt.pt", "log.jsonl", "notes.txt"):
+        (out / name).write_text(name)
+    held = rundir.claim(str(out), fresh=True)
+    assert not (out / "ckpt.pt").exists() and (out / "run.lock").exists()
+    held.undo()
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl", "notes.txt"]
+    assert [(out / n).read_text() for n in ("ckpt.pt", "log.jsonl")] == ["ckpt.pt", "log.jsonl"]
+    assert f"the earlier run's ckpt.pt, log.jsonl are back in {out}" in capsys.readouterr().out
+    held = rundir.claim(str(out), fresh=True)
+    held.settle()  # the run started: undo leaves everything be
+    held.undo()
+    held.release()
+    assert not (out / "ckpt.pt").exists() and len([f for f in os.listdir(out) if f.startswith("earlier-")]) == 1
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_the_disk_as_it_found_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("ckpt.pt", "log.jsonl"):
+        (out / name).write_text(name)
+    for folder in (out, tmp_path / "new" / "out"):  # no such dataset: it fails after claiming out_dir
+        r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={tmp_path / 'nodata'}",
+                            f"--out_dir={folder}"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines()[-1].startswith("error: "), r.stderr
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"] and (out / "ckpt.pt").read_text() == "ckpt.pt"
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no empty folders left behind
+
+
+FAILING = "import sys; sys.path.insert(0, sys.argv[1]); from gpt import errors; errors.install(); " \
+          "errors.on_failure(lambda: print('undone', flush=True)); errors.on_failure(lambda: 1 / 0); " \
+          "raise errors.UserError('it failed')"
+
+
+def test_on_failure_runs_before_the_error_line():
+    r = subprocess.run([sys.executable, "-c", FAILING, ROOT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "undone\n", r
+    # a callback that fails says so in a note, and the error that ended the run stays the last line
+    assert r.stderr.splitlines() == ["note: could not undo what the run changed (ZeroDivisionError: division by "
+                                     "zero)", "error: it failed"], r.stderr
+    r = subprocess.run([sys.executable, "-c", FAILING.replace("raise errors.UserError('it failed')", "pass"), ROOT],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""  # a clean end calls nothing
+
+
+def test_a_removed_lock_file_does_not_let_a_second_run_in(tmp_path):
+    """The issue's case: run.lock removed by hand while a run is live; a second run must not move its files."""
+    ids = np.random.default_rng(0).integers(0, 16, 2000)
+    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = start_holder(out)
+    try:
+        for name in ("ckpt.pt", "log.jsonl"):  # the live run's files
+            (out / name).write_text(name)
+        os.remove(out / "run.lock")
+        before = sorted(os.listdir(out))
+        with pytest.raises(UserError) as e:
+            rundir.check(str(out), fresh=True)
+        pid = f"PID {holder.pid} " if os.path.exists("/proc/locks") else ""
+        assert f"out_dir {out} is in use by another run ({pid}" in str(e.value)
+        r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={d}", f"--out_dir={out}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=240)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().startswith(f"error: out_dir {out} is in use by another run ({pid}") \
+            and r.stderr.count("\n") == 1, r.stderr
+        assert sorted(os.listdir(out)) == before and (out / "ckpt.pt").read_text() == "ckpt.pt"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def save_into(saver):
+    import torch
+    model = torch.nn.Linear(2, 2)
+    return saver.save(model, torch.optim.AdamW(model.parameters()), iter_num=5, model_args={})
+
+
+def test_a_live_run_never_writes_into_a_folder_another_run_claimed(tmp_path):
+    from gpt import checkpoint
+    out = tmp_path / "out"
+    held = rundir.claim(str(out), fresh=True)
+    saver = checkpoint.Saver(str(out), held)
+    try:
+        assert held.owner_problem() is None and save_into(saver)
+        os.remove(out / "run.lock")  # removed by hand: the folder lock still says it is ours
+        assert held.owner_problem() is None and save_into(saver)
+        (out / "ckpt.pt").write_text("the other run's")  # another run claimed it (as one could where the
+        (out / "run.lock").write_text("PID 4242 on host elsewhere, since 2026-01-01T00:00:00, run abc\n")
+        with pytest.raises(UserError) as e:  # folder lock cannot be had: NFS), and wrote its checkpoint
+            save_into(saver)
+        assert str(e.value).startswith(f"not saving to {out}: another run has claimed {out} (PID 4242 on host "
+                                       f"elsewhere, since 2026-01-01T00:00:00, run abc); this run stops")
+        assert (out / "ckpt.pt").read_text() == "the other run's"
+        held.release()  # and never removes that run's lock file
+        assert (out / "run.lock").exists()
+        os.rename(out, tmp_path / "moved")  # out_dir replaced by another folder of the same name
+        held = rundir.claim(str(out), fresh=True)
+        stale = rundir.Claim(str(out))
+        stale.folder = (os.stat(tmp_path / "moved").st_dev, os.stat(tmp_path / "moved").st_ino)
+        assert "is no longer the folder this run claimed" in stale.owner_problem()
+    finally:
+        held.release()
