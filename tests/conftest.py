@@ -8,6 +8,7 @@ ranks file for offline machines; where OpenAI's download fails but PyPI answers 
 PyPI, in openai-whisper's source package, and are kept in ~/.cache/nanogpt-tests.
 """
 import hashlib
+import importlib.util
 import os
 import random
 import re
@@ -31,6 +32,22 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+# Optional packages: the GPU machines have no datasets and no wandb, and pip cannot reach them there. A test
+# that imports one, or runs a script that does, is marked @pytest.mark.needs("datasets") and skips, saying
+# which is missing, where the package is not installed (tests/without/ fakes that on a machine that has it).
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(*packages): skip, naming them, unless these packages are installed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may run the script that needs it
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs"):
+        missing = [name for name in mark.args if importlib.util.find_spec(name) is None]
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)}, not installed here (pip install {' '.join(missing)})")
 
 
 def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300):
