@@ -177,14 +177,14 @@ def bench_generate(B):
     model = GPT(model_config).to(device).eval()
     gen_ctx = hardware.for_generation(model, device_type, dtype)  # bf16 weights on a GPU, as sample.py
     # compile as sample.py --compile=True does: the decode step, which the CUDA graph then replays
-    generation.compile_step = hardware.can_compile(compile, device_type)
+    compile_step = hardware.can_compile(compile, device_type)
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
     with gen_ctx:
         # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
-        model.generate(prompt, gen_tokens, top_k=top_k)
+        model.generate(prompt, gen_tokens, top_k=top_k, compile_step=compile_step)
         sync()
         t0 = time.perf_counter()
-        model.generate(prompt, gen_tokens, top_k=top_k)
+        model.generate(prompt, gen_tokens, top_k=top_k, compile_step=compile_step)
         sync()
         dt = time.perf_counter() - t0
         # the cache (and the graph) must not change the result: greedy decoding with and without it

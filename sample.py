@@ -59,8 +59,8 @@ model.to(device)
 # on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
 ctx = hardware.for_generation(model, device_type, dtype)
 # compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)
-generation.compile_step = hardware.can_compile(compile, device_type)
-if generation.compile_step:
+compile_step = hardware.can_compile(compile, device_type)
+if compile_step:
     print("compiling the decode step at the first new token (~10-20 s)")
 
 # encode the beginning of the prompt
@@ -89,7 +89,7 @@ with torch.no_grad():
         for k in range(num_samples):
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
                                top_p=top_p if top_p < 1 else None, eot=eot,
-                               vocab_limit=tokenizer.vocab_size, progress=bar.update)
+                               vocab_limit=tokenizer.vocab_size, progress=bar.update, compile_step=compile_step)
             ids = generation.until_eot(y[0].tolist(), eot, len(start_ids))  # up to the end of the text
             bar.update((k + 1) * max_new_tokens - bar.n)  # a sample that stopped early counts as done
             tqdm.write(tokenizer.decode(ids))  # print, but clear of the bar

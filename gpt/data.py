@@ -268,13 +268,25 @@ def _kind(path):
     return LOCAL_BUILDERS.get(os.path.splitext(base)[1])
 
 
+def import_datasets():
+    """The `datasets` package, imported here because it is heavy and only the prepare scripts need it; its
+    absence is one line (it is optional: the GPU machines, for one, have none)."""
+    try:
+        import datasets
+    except ModuleNotFoundError as e:
+        if e.name != "datasets":
+            raise
+        raise UserError("reading documents needs the datasets package (Hugging Face): pip install datasets")
+    return datasets
+
+
 def load_local_splits(path, num_proc=1, streaming=False):
     """The documents of local files for a prepare script's --local: (train, val), datasets.Datasets in file
     order (IterableDatasets with streaming). Rows of jsonl/json/csv/parquet files (also compressed), a whole
     .txt file as one document, a folder of one kind of those files, or a datasets.save_to_disk folder: its
     'train' split (or its only one) and val, its 'validation'/'val'/'test' split, where it has one (else
     None: the script cuts val from train)."""
-    import datasets  # heavy, and only the prepare scripts need it
+    datasets = import_datasets()
 
     if not os.path.exists(path):
         raise UserError(f"--local path {path} does not exist")
@@ -318,7 +330,7 @@ def load_documents(local, dataset, text_column, num_proc=1, subset=None, streami
     downloads, where the source allows): its --local files (load_local_splits), else the 'train' split of
     the hub dataset (and subset); checked to have the text column. with_val: (train, val), val being a
     local DatasetDict's validation split or None. Mistakes are one line."""
-    import datasets  # heavy, and only the prepare scripts need it
+    datasets = import_datasets()
 
     val = None
     if local is not None:

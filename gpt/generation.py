@@ -7,11 +7,12 @@ and PyTorch can launch the next, so eager decoding is bound by the CPU (224 tok/
 the GPU). A graph launches the whole step at once. Capturing one needs fixed shapes and addresses and no
 value read back on the CPU: hence the preallocated cache, the position as a tensor on the device, and
 attention over the cache's whole capacity with a mask, instead of keys that grow by one every token.
+
+How the step runs is the caller's choice, passed down from GPT.generate to decoder(): cuda_graphs=False runs
+it eagerly on CUDA too (to compare, or to debug), compile_step=True compiles it first (sample.py's compile).
+The only state kept between calls is a cache: the graphed Decoder on the model, keyed by all it captured.
 """
 import torch
-
-cuda_graphs = True  # False: run the decode step eagerly on CUDA too (to compare, or to debug)
-compile_step = False  # True: torch.compile the one-token step (fixed shapes), then graph it (sample.py's compile)
 
 
 class KVCache:
@@ -49,12 +50,17 @@ class KVCache:
         return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), self.mask
 
 
-def uses_graphs(model, device):
-    """Graphs where they can work: on CUDA, in eval mode (dropout draws random numbers), and outside a
-    distributed run (under FSDP each forward all-gathers the weights; samples taken during training are
+def graphable(model, device):
+    """Whether a CUDA graph can work here: on CUDA, in eval mode (dropout draws random numbers), and outside
+    a distributed run (under FSDP each forward all-gathers the weights; samples taken during training are
     not where speed matters)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return cuda_graphs and torch.device(device).type == "cuda" and not model.training and not distributed
+    return torch.device(device).type == "cuda" and not model.training and not distributed
+
+
+def uses_graphs(model, device, cuda_graphs=True):
+    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs) and graphable."""
+    return cuda_graphs and graphable(model, device)
 
 
 class Decoder:
@@ -113,12 +119,13 @@ class Decoder:
                 self.logits = model(self.token, cache=self.cache)[0][:, -1]
 
 
-def decoder(model, batch_size, capacity, device):
-    """A Decoder for this shape. A graphed one is kept on the model and reused while nothing it captured
-    changes (shape, weights' addresses and dtypes, autocast): a capture costs a few steps' time, and
-    sample.py asks for the same shape num_samples times (`del model._decoder` frees it). Eager ones are
-    made afresh, holding no memory once generate() returns."""
-    if not uses_graphs(model, device):
+def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=False):
+    """A Decoder for this shape, its step graphed (where uses_graphs says) and compiled (compile_step) or
+    not. A graphed one is kept on the model, a cache only: reused while nothing it captured changes
+    (shape, compile_step, weights' addresses and dtypes, autocast), for a capture costs a few steps' time
+    and sample.py asks for the same shape num_samples times (`del model._decoder` frees it). Eager ones
+    are made afresh, holding no memory once generate() returns."""
+    if not uses_graphs(model, device, cuda_graphs):
         return Decoder(model.config.n_layer, batch_size, capacity, device, graphed=False, compiled=compile_step)
     key = (batch_size, capacity, str(device), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
            compile_step, tuple((p.data_ptr(), p.dtype) for p in model.parameters()))

@@ -20,10 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import configurator  # noqa: E402
-from gpt import (
-    generation,  # noqa: E402
-    hardware,  # noqa: E402
-)
+from gpt import hardware  # noqa: E402
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -75,20 +72,18 @@ def greedy_matches(name, model, ctx, B, prompt_len, n):
 def tokens_per_s(model, ctx, B, graphs):
     """tok/s of a timed run after a warm-up of the same shape (which captures the graph), and the number of
     times the timed run made the CPU wait for the GPU (torch's sync debug mode)."""
-    generation.cuda_graphs = graphs
     prompt = torch.randint(0, model.config.vocab_size, (B, 1), device=device)
     with ctx:
-        model.generate(prompt, new_tokens, top_k=top_k)
+        model.generate(prompt, new_tokens, top_k=top_k, cuda_graphs=graphs)
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as syncs:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             t0 = time.perf_counter()
-            model.generate(prompt, new_tokens, top_k=top_k)
+            model.generate(prompt, new_tokens, top_k=top_k, cuda_graphs=graphs)
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    generation.cuda_graphs = True
     return B * new_tokens / dt, len(syncs)
 
 

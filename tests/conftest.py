@@ -8,6 +8,7 @@ ranks file for offline machines; where OpenAI's download fails but PyPI answers 
 PyPI, in openai-whisper's source package, and are kept in ~/.cache/nanogpt-tests.
 """
 import hashlib
+import importlib.util
 import os
 import random
 import re
@@ -31,6 +32,22 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+# Optional packages: the GPU machines have no datasets and no wandb, and pip cannot reach them there. A test
+# that imports one, or runs a script that does, is marked @pytest.mark.needs("datasets") and skips, saying
+# which is missing, where the package is not installed (tests/without/ fakes that on a machine that has it).
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs(*packages): skip, naming them, unless these packages are installed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may run the script that needs it
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("needs"):
+        missing = [name for name in mark.args if importlib.util.find_spec(name) is None]
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)}, not installed here (pip install {' '.join(missing)})")
 
 
 def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300):
@@ -64,6 +81,44 @@ def log_rows(out_dir, kind="train"):
     """The rows of one kind (train, eval, sample, ...) of a run's log.jsonl."""
     from gpt.trainlog import read_log
     return [row for row in read_log(out_dir) if row["kind"] == kind]
+
+
+# ---- two trainings that differ only in the order of their float32 sums -------------------------------------
+
+EPS32 = 2.0 ** -23  # float32's machine epsilon: twice the unit roundoff u of one rounded operation
+
+
+def assert_same_training(a, b, terms, params):
+    """Two float32 runs of the same training (log rows, step by step) that may sum in different orders - DDP's
+    all-reduce, FSDP's reduce-scatter and sharded optimizer step, one process accumulating alone - agree to
+    rounding, and no closer bound is assumed than rounding allows.
+
+    The bound. Each gradient element is a sum of `terms` per-token contributions (batch_size * block_size *
+    gradient_accumulation_steps over all ranks). Two orders of one sum of n terms each lie within
+    γ_n ≈ n·u of the exact sum (Higham, Accuracy and Stability of Numerical Algorithms, §4.2), so they differ
+    by at most n·EPS32 relative. AdamW divides each gradient by its running RMS and clipping by its norm, so
+    an update carries its gradient's relative error; we let one step's allowance reach the loss whole and the
+    allowances of successive steps add: |Δloss_t| ≤ (t + 1)·terms·EPS32·|loss_t|. This is a model, not a
+    proof: a sum that cancels is off by more than n·u relative, and AdamW's eps turns such a near-zero
+    gradient into a step of its own. The largest difference seen, in losses or weights, was 7.8e-5 (torch
+    2.11 on an H100 machine's CPU; 1e-7 on CI's), 4x below the bound at step 1 and 14x at step 7 (the
+    fixed 1e-5 these tests had missed it). The gradient norm (before clipping) adds a sum of `params` squares,
+    all positive, so within (params / 2)·EPS32 relative.
+
+    Which bugs it catches (measured with tiny(gradient_accumulation_steps=4), 8 steps, 2 ranks): gradients
+    never averaged over the ranks (each steps on its own half batch) move the loss by 1.3e-3 at step 1 and
+    6.4e-3 at step 7 (bounds 3.4e-4, 1.1e-3) and the step-0 gradient norm by 1% (bound 1.6e-3).
+    Gradients summed instead of averaged leave every loss unchanged - AdamW and clipping do not see a
+    gradient's scale - but double the gradient norm: a factor of 2, far above any rounding."""
+    assert len(a) == len(b) and a, (len(a), len(b))
+    for t, (x, y) in enumerate(zip(a, b)):
+        assert x["step"] == y["step"] == t
+        loss_bound = (t + 1) * terms * EPS32 * abs(y["loss"])
+        assert abs(x["loss"] - y["loss"]) <= loss_bound, f"step {t}: loss {x['loss']} vs {y['loss']}, " \
+                                                         f"more than rounding's {loss_bound:.2g} apart"
+        norm_bound = ((t + 1) * terms + params / 2) * EPS32
+        assert abs(x["grad_norm"] / y["grad_norm"] - 1) <= norm_bound, \
+            f"step {t}: gradient norm {x['grad_norm']} vs {y['grad_norm']}, more than rounding's {norm_bound:.2g}"
 
 
 # ---- data the tests make themselves ----------------------------------------------------------------------

@@ -61,6 +61,7 @@ def expected_tokens(docs):
     return [[50256] + enc.encode_ordinary(d) for d in docs]
 
 
+@pytest.mark.needs("datasets")
 def test_shards_hold_the_documents_in_order(docs, prepared):
     _, out, _ = prepared
     want = np.concatenate([np.array(t) for t in expected_tokens(docs)])
@@ -79,6 +80,7 @@ def test_shards_hold_the_documents_in_order(docs, prepared):
     assert read_meta(str(out))["format"] == "shards"
 
 
+@pytest.mark.needs("datasets")
 def test_streaming_writes_the_same_shards(prepared, tmp_path):
     """--streaming reads the documents as they come (an IterableDataset) and writes the same bytes."""
     src, out, cache = prepared
@@ -89,6 +91,7 @@ def test_streaming_writes_the_same_shards(prepared, tmp_path):
     assert all((streamed / name).read_bytes() == (out / name).read_bytes() for name in os.listdir(out))
 
 
+@pytest.mark.needs("datasets")
 def test_document_across_a_shard_boundary_is_intact(docs, prepared):
     _, out, _ = prepared
     shards = [open_shard(p) for p in list_shards(str(out), "val") + list_shards(str(out), "train")]
@@ -106,6 +109,7 @@ def test_document_across_a_shard_boundary_is_intact(docs, prepared):
     assert straddlers >= 3
 
 
+@pytest.mark.needs("datasets")
 def test_rerun_rewrites_nothing_and_repairs_a_truncated_shard(prepared):
     src, out, cache = prepared
     before = snapshot(out)
@@ -123,6 +127,7 @@ def test_rerun_rewrites_nothing_and_repairs_a_truncated_shard(prepared):
     assert [name for name in after if after[name][0] != before[name][0]] == [damaged.name]
 
 
+@pytest.mark.needs("datasets")
 def test_stale_shards_of_an_earlier_run_are_removed(docs, prepared, tmp_path):
     src, out, cache = prepared
     copy = tmp_path / "out"
@@ -136,6 +141,7 @@ def test_stale_shards_of_an_earlier_run_are_removed(docs, prepared, tmp_path):
     assert np.concatenate(shards).tolist() == want
 
 
+@pytest.mark.needs("datasets")
 def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
     _, out, _ = prepared
     truncated = tmp_path / "fineweb_train_000001.bin"
@@ -154,6 +160,7 @@ def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
         assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
 
 
+@pytest.mark.needs("datasets")
 def test_user_mistakes_are_one_line(gpt2_ranks_path, tmp_path):
     cases = [("--local", tmp_path / "no_such_file.jsonl"), ("--shard_size", 0), ("--num_proc", 0)]
     for flag, value in cases:

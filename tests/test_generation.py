@@ -63,7 +63,7 @@ def fake_graphs(monkeypatch):
         self.cache.pos.copy_(pos)  # a capture runs nothing: the first replay takes this step
         captures.append(self)
 
-    monkeypatch.setattr(generation, "uses_graphs", lambda model, device: True)
+    monkeypatch.setattr(generation, "graphable", lambda model, device: True)  # as on a GPU
     monkeypatch.setattr(generation.Decoder, "capture", capture)
     yield captures
 
@@ -141,14 +141,37 @@ def test_compiled_step_matches_uncached(monkeypatch, fake_graphs, graphs):
     # backend, which traces the same way in seconds), once per decoder; the prompt runs uncompiled
     compiled, real_compile = [], torch.compile
     monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(kw) or real_compile(m, backend="eager", **kw))
-    monkeypatch.setattr(generation, "compile_step", True)
-    if not graphs:
-        monkeypatch.setattr(generation, "uses_graphs", lambda model, device: False)
     model = tiny("llama")
     idx = torch.randint(0, 101, (2, 5))
-    fast = model.generate(idx, 20, temperature=0)
+    fast = model.generate(idx, 20, temperature=0, compile_step=True, cuda_graphs=graphs)
     assert torch.equal(fast, model.generate(idx, 20, temperature=0, use_cache=False))
     assert compiled == [dict(dynamic=False)] and len(fake_graphs) == int(graphs)
+
+
+def test_graphs_only_where_they_can_work():
+    model = tiny("gpt2")
+    assert generation.graphable(model, "cuda") and generation.graphable(model, torch.device("cuda", 1))
+    assert not generation.graphable(model, "cpu") and not generation.graphable(model, "mps")
+    assert not generation.graphable(model.train(), "cuda")  # dropout draws random numbers
+    assert not generation.uses_graphs(model.eval(), "cuda", cuda_graphs=False)  # the caller said no
+
+
+def test_the_step_runs_as_each_call_asks(monkeypatch, fake_graphs):
+    # what a call asks for holds for that call alone (no module setting survives it); only the graphed
+    # decoder is kept on the model, as a cache keyed by what it captured, compile_step included
+    compiled, real_compile = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(kw) or real_compile(m, backend="eager", **kw))
+    model = tiny("gpt2")
+    idx = torch.randint(0, 101, (2, 5))
+    plain = model.generate(idx, 10, temperature=0, use_cache=False)
+    assert torch.equal(model.generate(idx, 10, temperature=0, cuda_graphs=False), plain)
+    assert fake_graphs == [] and "_decoder" not in model.__dict__  # eager: nothing captured, nothing kept
+    assert torch.equal(model.generate(idx, 10, temperature=0, compile_step=True), plain)
+    assert len(fake_graphs) == 1 and len(compiled) == 1 and model._decoder.step_model is not model
+    assert torch.equal(model.generate(idx, 10, temperature=0), plain)  # the defaults again: graphed, not compiled
+    assert len(fake_graphs) == 2 and len(compiled) == 1 and model._decoder.step_model is model
+    assert torch.equal(model.generate(idx, 10, temperature=0), plain)  # the same again: the kept graph
+    assert len(fake_graphs) == 2
 
 
 def test_progress_counts_every_new_token():
@@ -172,11 +195,10 @@ def test_cuda_graphs_match_uncached(family):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_cuda_graph_of_the_compiled_step(monkeypatch):
-    monkeypatch.setattr(generation, "compile_step", True)
+def test_cuda_graph_of_the_compiled_step():
     model = tiny("gpt2", n_embd=64).cuda().to(torch.bfloat16)
     idx = torch.randint(0, 101, (3, 5), device="cuda")
-    graphed = model.generate(idx, 40, temperature=0)
+    graphed = model.generate(idx, 40, temperature=0, compile_step=True)
     assert model._decoder.graph is not None and model._decoder.step_model is not model
     assert torch.equal(graphed, model.generate(idx, 40, temperature=0, use_cache=False))
 

@@ -28,7 +28,7 @@ from gpt.errors import UserError
 from gpt.tokenizer import folder_meta, get_tokenizer
 from model import GPT, GPTConfig
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the bridge needs transformers: pip install transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, gradient_accumulation_steps=1,
             learning_rate=3e-3, eval_interval=100, eval_iters=1, log_interval=10, warmup_iters=5, lr_decay_iters=20,

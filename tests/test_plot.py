@@ -37,6 +37,7 @@ def png_size(path):
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
+@pytest.mark.needs("matplotlib")
 def test_plot_writes_the_curves(tmp_path):
     write_log(tmp_path / "plain")
     run("plot.py", f"--out_dir={tmp_path / 'plain'}")
@@ -46,6 +47,7 @@ def test_plot_writes_the_curves(tmp_path):
     assert png_size(tmp_path / "report" / "run.png") == (1200, 1200)  # and HellaSwag, beside tokens/s
 
 
+@pytest.mark.needs("matplotlib")
 def test_plot_has_a_gradient_norm_panel(tmp_path):
     write_log(tmp_path)
     rows = [r for r in plot.read_log(tmp_path) if r["kind"] in ("train", "eval")]

@@ -15,7 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import SHARED, run
+from conftest import ROOT, SHARED, run
 
 from gpt.data import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
 from gpt.errors import UserError
@@ -81,6 +81,7 @@ def test_shakespeare_bpe(text_path, gpt2_ranks_path, tmp_path):
     assert tok.decode(train) + tok.decode(val) == read_text(text_path)
 
 
+@pytest.mark.needs("datasets")
 def test_openwebtext_local(gpt2_ranks_path, tmp_path):
     rng = random.Random(0)
     words = ["the", "cat", "sat", "on", "mat", "héllo", "日本", "🙂", "\n", "  ", "'s", "42", "<|endoftext|>"]
@@ -143,6 +144,18 @@ def test_tiny_shakespeare_offline(monkeypatch, tmp_path):
     assert os.listdir(tmp_path) == []  # nothing that a later run could take for the text
 
 
+def test_without_the_datasets_package_it_is_one_line(gpt2_ranks_path, tmp_path):
+    # as on the GPU machines, which have no datasets (tests/without/ hides it from the scripts here)
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"text": "a document"}) + "\n")
+    env = {"NANOGPT_WITHOUT": "datasets", "PYTHONPATH": os.path.join(ROOT, "tests", "without")}
+    for dataset in ("openwebtext", "fineweb"):
+        r = prepare(dataset, "--local", src, "--out_dir", tmp_path / "out", env=env)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            "error: reading documents needs the datasets package (Hugging Face): pip install datasets"], r.stderr
+        assert not (tmp_path / "out").exists()
+
+
 # openwebtext --local: datasets as people hold them
 
 DOCS = [f"document number {i} " * (i % 7 + 1) for i in range(40)]
@@ -156,6 +169,7 @@ def tokens(folder, split):
     return np.fromfile(os.path.join(folder, f"{split}.bin"), dtype=np.uint16)
 
 
+@pytest.mark.needs("datasets")
 def test_jsonl_gz_csv_and_streaming_give_the_same_bytes(tmp_path, gpt2_ranks_path):
     with gzip.open(tmp_path / "docs.jsonl.gz", "wt") as f:
         f.writelines(json.dumps({"text": d}) + "\n" for d in DOCS)
@@ -170,6 +184,7 @@ def test_jsonl_gz_csv_and_streaming_give_the_same_bytes(tmp_path, gpt2_ranks_pat
     assert (tokens(tmp_path / "a", "val") == 50256).sum() == 4  # ceil(40 * 0.1) documents
 
 
+@pytest.mark.needs("datasets")
 def test_a_dataset_dicts_validation_split_is_val(tmp_path, gpt2_ranks_path):
     import datasets
 
@@ -226,6 +241,7 @@ def test_char_folder_trains_and_samples(tmp_path, texts):
     assert "---------------" in r.stdout
 
 
+@pytest.mark.needs("tokenizers")
 def test_trained_bpe_separates_documents_with_eot(tmp_path, texts):
     folder, _ = texts
     data = tmp_path / "bpe"

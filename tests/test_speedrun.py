@@ -55,6 +55,7 @@ def test_runner_timestamps_lines_and_parses_both_trainers(tmp_path):
         speedrun.run_timestamped([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path), tmp_path / "x.jsonl")
 
 
+@pytest.mark.needs("matplotlib")
 def test_time_to_target_table_and_plot(tmp_path):
     evals = [dict(step=s, t=10.0 + s / 10, val=4 - s / 200) for s in (0, 100, 200, 260)]
     points = speedrun.curve(evals, [(200, 2000, 2.60), (100, 1000, 2.9), (260, 2600, 2.50)])

@@ -135,6 +135,7 @@ def trained(bpe_data, tmp_path_factory):
     return out_dir
 
 
+@pytest.mark.needs("tokenizers")
 def test_trained_tokenizer_round_trips_the_text(bpe_data, corpus_path):
     assert sorted(os.listdir(bpe_data)) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
     with open(bpe_data / "meta.json") as f:
@@ -153,6 +154,7 @@ def test_trained_tokenizer_round_trips_the_text(bpe_data, corpus_path):
     assert 0 not in tok.encode_ordinary("a <|endoftext|> in a document is text")
 
 
+@pytest.mark.needs("tokenizers")
 def test_an_existing_tokenizer_file_gives_the_same_ids(bpe_data, corpus_path, tmp_path):
     out = tmp_path / "again"
     run(os.path.join("data", "shakespeare", "prepare.py"), "--input", corpus_path, "--out_dir", out,
@@ -168,6 +170,7 @@ def test_an_existing_tokenizer_file_gives_the_same_ids(bpe_data, corpus_path, tm
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and str(choice) in r.stderr, r.stderr
 
 
+@pytest.mark.needs("tokenizers")
 def test_a_vocabulary_beyond_uint16_is_stored_as_uint32(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = "to be or not that is the question whether tis nobler in mind".split()
@@ -188,6 +191,7 @@ def test_a_vocabulary_beyond_uint16_is_stored_as_uint32(tmp_path):
     assert train.tolist() == tok.encode(text[:cut]).ids and val.tolist() == tok.encode(text[cut:]).ids
 
 
+@pytest.mark.needs("tokenizers")
 def test_train_and_sample_use_the_tokenizer_from_the_checkpoint(bpe_data, trained, tmp_path):
     ckpt = torch.load(trained / "ckpt.pt", map_location="cpu", weights_only=True)
     assert ckpt["model_args"]["vocab_size"] == VOCAB  # 512 is already a multiple of 64
@@ -206,6 +210,7 @@ def test_train_and_sample_use_the_tokenizer_from_the_checkpoint(bpe_data, traine
     assert tok.decode(ids) == text
 
 
+@pytest.mark.needs("tokenizers")
 def test_hellaswag_scores_with_the_datasets_tokenizer(trained):
     model, meta = load_model("resume", str(trained))
     tok = get_tokenizer(meta)
@@ -216,8 +221,9 @@ def test_hellaswag_scores_with_the_datasets_tokenizer(trained):
     assert result["n"] == 5 and 0 <= result["acc_norm"] <= 1
 
 
+@pytest.mark.needs("transformers")
 def test_a_transformers_folder_brings_its_tokenizer(bpe_data, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, max_position_embeddings=64)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
@@ -231,6 +237,7 @@ def test_a_transformers_folder_brings_its_tokenizer(bpe_data, tmp_path):
     assert tok.decode(out[0].tolist()).startswith("ROMEO:")
 
 
+@pytest.mark.needs("tokenizers")
 def test_get_tokenizer_needs_the_json():
     with pytest.raises(UserError, match="tokenizer_json"):
         get_tokenizer({"tokenizer": "hf", "vocab_size": 10})
@@ -245,6 +252,7 @@ def test_read_meta_names_a_missing_tokenizer_file(tmp_path):
         read_meta(tmp_path)
 
 
+@pytest.mark.needs("datasets", "tokenizers")
 def test_openwebtext_with_a_trained_tokenizer(tmp_path):
     rng = random.Random(0)
     words = ["the", "cat", "sat", "on", "mat", "héllo", "日本", "🙂", "\n", "  ", "'s", "42", "<|endoftext|>"]

@@ -45,6 +45,7 @@ def test_other_characters_are_refused():
         check_data_for_model(CHAR, "resume", resumed({**CHAR, "itos": ["a", "b", "d"]}), "x")
 
 
+@pytest.mark.needs("tokenizers")
 def test_a_tokenizers_file_is_compared_by_what_it_does(tmp_path, gpt2_ranks_path):
     tok = train_bpe(["hello world, the quick brown fox " * 50], 300).to_str()
     bpe = {**hf_meta(tok), "tokenizer_json": tok}
@@ -55,6 +56,7 @@ def test_a_tokenizers_file_is_compared_by_what_it_does(tmp_path, gpt2_ranks_path
     check_data_for_model(dict(bpe), "resume", resumed(bpe), "x")
 
 
+@pytest.mark.needs("transformers")
 def test_a_gpt2_folders_tokenizer_json_is_gpt2(tmp_path, gpt2_ranks_path):
     """A GPT-2 folder written by transformers holds GPT-2's BPE as tokenizer.json: GPT-2 data is right for it."""
     from gpt.hf import hf_tokenizer

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import ROOT
 
@@ -19,6 +20,7 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.needs("tokenizers")
 def test_bpe_training_shows_progress_on_a_terminal_only(monkeypatch):
     from tokenizers import trainers
 

@@ -15,6 +15,7 @@ from conftest import flags, run, tiny, write_char_dataset
 
 from gpt.trainlog import read_log
 
+pytestmark = pytest.mark.needs("wandb")
 TINY = tiny(eval_interval=3, dataset="chars", wandb_log=True, wandb_project="nanogpt-test", wandb_run_name="tiny",
             hellaswag_interval=3, sample_interval=3, num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")
 HELLASWAG = {"ind": 0, "activity_label": "Cooking", "ctx_a": "A man is in a kitchen.", "ctx_b": "he",

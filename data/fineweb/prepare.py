@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import load_documents, open_shard, read_meta, write_meta, write_shard
+from gpt.data import import_datasets, load_documents, open_shard, read_meta, write_meta, write_shard
 from gpt.errors import UserError
 from gpt.tokenizer import gpt2_encoding
 
@@ -91,8 +91,8 @@ def main():
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
 
     # heavy imports after the argument checks, so mistakes are reported at once
-    import datasets
     from tqdm import tqdm
+    datasets = import_datasets()
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
 

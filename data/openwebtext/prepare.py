@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
 from gpt.atomic import atomic_path
-from gpt.data import DTYPES, load_documents, write_meta
+from gpt.data import DTYPES, import_datasets, load_documents, write_meta
 from gpt.errors import UserError
 from gpt.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 
@@ -56,9 +56,10 @@ elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
 import math
 import multiprocessing
 
-import datasets
 import numpy as np
 from tqdm import tqdm
+
+datasets = import_datasets()
 
 if not sys.stderr.isatty():
     datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
