@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 EVAL_LINE = re.compile(r"step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
 
 
-def run_timestamped(cmd, cwd, log_path, env=None):
+def run_timestamped(cmd, cwd, log_path, env=None, echo=True):
     """Run cmd, echoing its output; every line is stored with the seconds since launch at which it arrived
     (log_path, JSON lines). Returns [(seconds, line)]. Fails with the output's tail if cmd fails."""
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -49,7 +49,8 @@ def run_timestamped(cmd, cwd, log_path, env=None):
             line = line.rstrip("\n")
             lines.append((t, line))
             log.write(json.dumps({"t": round(t, 3), "line": line}) + "\n")
-            print(f"[{t:7.1f}s] {line}", flush=True)
+            if echo:
+                print(f"[{t:7.1f}s] {line}", flush=True)
     if proc.wait():
         tail = "\n".join(line for _, line in lines[-20:])
         raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
