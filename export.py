@@ -85,7 +85,8 @@ def main(argv):
     generation = hf_model.generation_config
     generation.bos_token_id, generation.eos_token_id = hf_config.bos_token_id, hf_config.eos_token_id
     generation.pad_token_id = hf_config.pad_token_id
-    generation.max_length = model.config.block_size  # the context it was trained on (docs/export.md)
+    # no max_length (the context): set, it makes every generate(max_new_tokens=...) warn that both lengths are
+    # given; the model card and docs/export.md say what the context is
     if tokenizer.vocab_size < hf_config.vocab_size:
         # the padding ids were never data: transformers' generate must not pick them (sample.py never does)
         generation.suppress_tokens = list(range(tokenizer.vocab_size, hf_config.vocab_size))
