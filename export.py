@@ -6,8 +6,11 @@ lm-evaluation-harness work on it. Everything is built locally: no network.
 
 $ python export.py --out_dir=out                              # -> out/hf
 $ python export.py --out_dir=out --export_dir=my-model --dtype=bfloat16
+$ python export.py --out_dir=out --export_dir=my-model --force=True   # replace a folder that is not an export
 
-Afterwards the folder is checked: transformers loads it, and its logits and tokens must be ours.
+The folder is written beside export_dir, checked (transformers loads it, and its logits and tokens must be
+ours), and only then put in place: export_dir may be absent, empty or an earlier export (gpt/exportdir.py);
+anything else is refused unless --force=True, and a failed export leaves it as it was.
 A model whose vocabulary was padded (GPT-2: 50304 for the tokenizer's 50257) keeps its padded size, so the
 weights are exactly ours; the padding ids are listed in generation_config.json's suppress_tokens, so
 transformers' generate never picks them, just as sample.py never does.
@@ -20,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt import errors
+from gpt import errors, exportdir
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint
 from gpt.data import dataset_dir, read_meta
 from gpt.errors import UserError
@@ -37,12 +40,14 @@ def main(argv):
         export_dir='',  # where the transformers folder goes; '' = <out_dir>/hf
         dtype='float32',  # of the exported weights: float32, bfloat16 or float16
         verify=True,  # load the folder back with transformers and compare logits and tokens with ours
+        force=False,  # replace export_dir even if it holds files that are not an earlier export
     )
     s = configurator.apply(settings, argv)
     if s['dtype'] not in DTYPES:
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, not {s['dtype']!r}")
     export_dir = s['export_dir'] or os.path.join(s['out_dir'], 'hf')
     path = os.path.join(s['out_dir'], 'ckpt.pt')
+    exportdir.check(export_dir, force=s['force'], keep=(path, os.getcwd()))
     if not os.path.exists(path) and os.path.isdir(os.path.join(s['out_dir'], 'ckpt_dcp')):
         raise UserError(f"{s['out_dir']} holds a sharded (fsdp) checkpoint: make a ckpt.pt first with "
                         f"`python convert_checkpoint.py --out_dir={s['out_dir']}`")
@@ -85,22 +90,26 @@ def main(argv):
     generation = hf_model.generation_config
     generation.bos_token_id, generation.eos_token_id = hf_config.bos_token_id, hf_config.eos_token_id
     generation.pad_token_id = hf_config.pad_token_id
-    generation.max_length = model.config.block_size  # the context it was trained on (docs/export.md)
+    # no max_length (the context): set, it makes every generate(max_new_tokens=...) warn that both lengths are
+    # given; the model card and docs/export.md say what the context is
     if tokenizer.vocab_size < hf_config.vocab_size:
         # the padding ids were never data: transformers' generate must not pick them (sample.py never does)
         generation.suppress_tokens = list(range(tokenizer.vocab_size, hf_config.vocab_size))
+    weights = {t.untyped_storage().data_ptr(): t.nbytes for t in hf_model.state_dict().values()}  # tied: once
+    exportdir.check_space(export_dir, sum(weights.values()))
     stages.update()
     stages.set_description("writing")
     tqdm.write(f"writing {type(hf_model).__name__} ({s['dtype']}) to {export_dir}")
-    hf_model.save_pretrained(export_dir)
-    save_tokenizer(hf_tok, export_dir)
-    with open(os.path.join(export_dir, 'README.md'), 'w') as f:
-        f.write(model_card(ckpt, hf_config, s['dtype']))
-    stages.update()
-    if s['verify']:
-        stages.set_description("checking")
-        verify(model, export_dir, tokenizer)
+    with exportdir.writing(export_dir) as folder:  # in place only once written and checked
+        hf_model.save_pretrained(folder)
+        save_tokenizer(hf_tok, folder)
+        with open(os.path.join(folder, 'README.md'), 'w') as f:
+            f.write(model_card(ckpt, hf_config, s['dtype']))
         stages.update()
+        if s['verify']:
+            stages.set_description("checking")
+            verify(model, folder, tokenizer)
+            stages.update()
     stages.set_description("exported")
     stages.close()
     print(f"done: AutoModelForCausalLM.from_pretrained({json.dumps(export_dir)})")

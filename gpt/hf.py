@@ -13,6 +13,7 @@ The bridge to Hugging Face transformers, both directions, for both families:
 Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without
 this module importing model.py back. Export also writes the tokenizer and a model card (export.py).
 """
+import dataclasses
 import json
 import os
 import types
@@ -29,9 +30,11 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 
 # --- the field table: every GPTConfig field, and the transformers config field that carries it
 
-# GPTConfig field: (GPT2Config field, LlamaConfig field). Export writes each, import reads each back; None
-# where that family's transformers config has no such field (then the row's comment says what happens).
-# tests/test_hf.py fails for a GPTConfig field that is in neither this table nor NOT_ARCHITECTURE.
+# GPTConfig's architecture field: (GPT2Config field, LlamaConfig field). Export writes each, import reads each
+# back; None where that family's transformers config has no such field (then the row's comment says what happens).
+# Which fields are architecture is said on GPTConfig (model.py): an architecture field not in this table is one
+# transformers' GPT-2 and Llama do not compute, so export refuses it unless it has its default (refused_fields);
+# initialisation and runtime fields (dropout, zero_init_proj, fused_loss, ...) describe a run and are never exported.
 FIELDS = {
     "family": ("model_type", "model_type"),  # 'gpt2' -> GPT2LMHeadModel, 'llama' -> LlamaForCausalLM
     "block_size": ("n_positions", "max_position_embeddings"),
@@ -47,8 +50,6 @@ FIELDS = {
     #                                    llama: mlp_bias too, equal to attention_bias
     "rope_theta": (None, "rope_theta"),  # llama: also rope_parameters['rope_theta'] (transformers 5)
 }
-# how the model is trained, not what it computes: never exported
-NOT_ARCHITECTURE = ("dropout", "fused_loss", "loss_chunk", "zero_init_proj")  # zero_init_proj: an init
 # transformers fields that change the math but that our model computes one way only: export writes the
 # first value, import accepts the values listed and refuses any other with one error naming field and value
 FIXED = {
@@ -75,11 +76,10 @@ IGNORED = {
 }
 
 
-def _refuse(field, value, why):
-    raise UserError(f"transformers config field {field}={value!r}: {why}")
+# Each check below appends (field, value, why) to a list of problems instead of raising at the first, so that
+# one error line names every field a folder sets that cannot load exactly (args_from_hf_config).
 
-
-def _check_unknown(config, family):
+def _check_unknown(config, family, problems):
     """Refuse a field that no table above knows, where it differs from its default: a new transformers
     option (or a folder's own) could change the math, and a silent default is the worst bug."""
     from transformers import GPT2Config, LlamaConfig, PretrainedConfig
@@ -88,17 +88,17 @@ def _check_unknown(config, family):
     default = (GPT2Config if family == "gpt2" else LlamaConfig)().to_dict()
     for key, value in config.to_dict().items():
         if key not in known and not key.startswith("_") and value not in (None, {}, []) and value != default.get(key):
-            _refuse(key, value, f"not a {family} setting this project knows, so the logits it gives cannot be "
-                                f"promised (fields read: docs/export.md)")
+            problems.append((key, value, f"not a {family} setting this project knows, so the logits it gives "
+                                         f"cannot be promised (fields read: docs/export.md)"))
 
 
-def _check_fixed(config, family):
+def _check_fixed(config, family, problems):
     for field, allowed in FIXED[family].items():
         if field in ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias"):
             continue  # Llama's, checked by _llama_rope and _check_llama
         value = getattr(config, field, allowed[0])
         if value not in allowed:
-            _refuse(field, value, f"this model computes only {' or '.join(map(repr, allowed))}")
+            problems.append((field, value, f"this model computes only {' or '.join(map(repr, allowed))}"))
 
 
 # --- export: our model -> a transformers config and state dict
@@ -182,18 +182,25 @@ def llama_to_hf(model):
     return config, state_dict
 
 
-# the speedrun's switches (docs/speedrun.md) that transformers' GPT-2 and Llama do not compute, with their
-# defaults: export refuses them (zero_init_proj is only how the weights start: NOT_ARCHITECTURE)
-UNEXPORTABLE = {'qk_norm': False, 'mlp_act': 'gelu', 'logit_softcap': 0.0}
+def refused_fields(cfg):
+    """{name: value} of the config's architecture fields that FIELDS does not carry and that differ from
+    their defaults: what transformers' GPT-2 and Llama do not compute (the speedrun's qk_norm, mlp_act,
+    logit_softcap, and any architecture field GPTConfig gains)."""
+    from model import ARCHITECTURE  # the model is built by now; model.py imports this module only lazily too
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return {name: getattr(cfg, name) for name in type(cfg).fields_of(ARCHITECTURE)
+            if name not in FIELDS and getattr(cfg, name) != defaults[name]}
 
 
 def to_hf(model):
     """(transformers config, state dict) for the model's family; a UserError for what transformers cannot
     express, before anything is written."""
-    for name, default in UNEXPORTABLE.items():
-        value = getattr(model.config, name, default)
-        if value != default:
-            raise UserError(f"cannot export {name}={value!r}: transformers' GPT-2 and Llama do not compute it")
+    refused = refused_fields(model.config)
+    if refused:
+        listed = ", ".join(f"{name}={value!r}" for name, value in refused.items())
+        raise UserError(f"cannot export {listed}: transformers' GPT-2/Llama do not compute "
+                        f"{'it' if len(refused) == 1 else 'them'} (sample.py and hellaswag.py run this checkpoint "
+                        f"as it is)")
     family = getattr(model.config, 'family', 'gpt2')
     if family == 'gpt2':
         return gpt2_to_hf(model)
@@ -204,40 +211,53 @@ def to_hf(model):
 
 # --- import: transformers weights -> model_args and a state dict
 
-def _llama_rope(c):
+def _llama_rope(c, problems):
     """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta, with
     rope_scaling beside it); scaled variants (Llama 3.1's 'llama3', 'linear', 'yarn', ...) and partial
     rotation are refused rather than run wrongly."""
+    found = {}  # each problem once, though transformers 5 may show one dict under both names
     for name in ("rope_parameters", "rope_scaling"):
         rope = getattr(c, name, None) or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
-            _refuse(f"{name}['rope_type']", kind, "only plain rotary embeddings are supported (no rope scaling)")
+            found.setdefault("rope_type", (f"{name}['rope_type']", kind, "only plain rotary embeddings are "
+                                                                         "supported (no rope scaling)"))
         factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
         if factor not in (None, 1, 1.0):
-            _refuse("partial_rotary_factor", factor, "this model rotates every dimension of a head")
+            found.setdefault("factor", ("partial_rotary_factor", factor, "this model rotates every dimension of "
+                                                                         "a head"))
+    problems += found.values()
     rope = getattr(c, "rope_parameters", None) or {}
     return float(rope.get("rope_theta", getattr(c, "rope_theta", None) or 10000.0))
 
 
-def _check_llama(c):
+def _check_llama(c, problems):
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
-        _refuse("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
-                                      f"{c.hidden_size} / {c.num_attention_heads} wide")
+        problems.append(("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
+                                               f"{c.hidden_size} / {c.num_attention_heads} wide"))
     if bool(getattr(c, "mlp_bias", False)) != bool(c.attention_bias):
-        _refuse("mlp_bias", getattr(c, "mlp_bias", False), f"this model has biases everywhere or nowhere, and "
-                                                           f"attention_bias is {c.attention_bias}")
+        problems.append(("mlp_bias", getattr(c, "mlp_bias", False), f"this model has biases everywhere or "
+                                                                    f"nowhere, and attention_bias is "
+                                                                    f"{c.attention_bias}"))
 
 
 def args_from_hf_config(c, dropout=0.0):
     """model_args (for GPTConfig) of a transformers GPT2Config or LlamaConfig, every field that changes the
-    math carried (FIELDS) or refused with one UserError naming it. GPT-2's bias is left to the weights."""
+    math carried (FIELDS) or refused: one UserError naming every refused field. GPT-2's bias is left to the
+    weights."""
     family = c.model_type
     if family not in ("gpt2", "llama"):
         raise UserError(f"a transformers '{family}' model: only gpt2 and llama load")
-    _check_unknown(c, family)
-    _check_fixed(c, family)
+    problems = []
+    _check_unknown(c, family, problems)
+    _check_fixed(c, family, problems)
+    if family == "llama":
+        _check_llama(c, problems)
+        rope_theta = _llama_rope(c, problems)
+    if problems:
+        raise UserError("transformers config field " + "; field ".join(f"{field}={value!r}: {why}"
+                                                                        for field, value, why in problems))
     i = 0 if family == "gpt2" else 1
     args = {ours: getattr(c, pair[i]) for ours, pair in FIELDS.items()
             if pair[i] and ours not in ("bias", "rope_theta")}  # both special: below
@@ -245,9 +265,8 @@ def args_from_hf_config(c, dropout=0.0):
     if family == "gpt2":
         args["mlp_hidden"] = args["mlp_hidden"] or 4 * c.n_embd  # n_inner None: 4 x, as ours
     else:
-        _check_llama(c)
         args.update(n_kv_head=c.num_key_value_heads or c.num_attention_heads, bias=bool(c.attention_bias),
-                    rope_theta=_llama_rope(c))
+                    rope_theta=rope_theta)
     return args
 
 
@@ -362,19 +381,44 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
     elif eos is not None:
         special.update(eos_token=EOS, pad_token=EOS)
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left",
-                                   clean_up_tokenization_spaces=False, **special)
+                                   clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES,
+                                   **special)
+
+
+# what the tokenizer returns, and so what model(**tokenizer(text)) and generate(**enc) pass on. Without it,
+# transformers 4.x's PreTrainedTokenizerFast also returns token_type_ids (zeros), which GPT-2 adds as wte(0)
+# at every position (logits off by 1.5-5.8) and Llama refuses (generate crashes)
+MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 
 def save_tokenizer(hf_tok, folder):
-    """save_pretrained, naming the class that transformers 4 and 5 both load (5 writes 'TokenizersBackend',
-    which 4.x does not know)."""
+    """save_pretrained, in a form transformers 4 and 5 both load: tokenizer_config.json names a class both
+    know (5 writes 'TokenizersBackend', which 4.x does not) and the inputs the model takes
+    (MODEL_INPUT_NAMES), and a BPE's merges are written as tokenizers < 0.20 reads them (legacy_merges)."""
     hf_tok.save_pretrained(folder)
-    path = os.path.join(folder, "tokenizer_config.json")
+    _rewrite_json(os.path.join(folder, "tokenizer_config.json"),
+                  lambda config: config.update(tokenizer_class="PreTrainedTokenizerFast",
+                                               model_input_names=MODEL_INPUT_NAMES))
+    _rewrite_json(os.path.join(folder, "tokenizer.json"), legacy_merges)
+
+
+def legacy_merges(tokenizer_json):
+    """A BPE's merges as "left right" strings, the form every tokenizers version reads, instead of the
+    [left, right] pairs tokenizers >= 0.20 writes, which the tokenizers 0.19 that transformers 4.41 requires
+    cannot read. Byte-level BPE tokens (GPT-2's) never hold a space; a vocabulary whose tokens do keeps
+    pairs, the only form that can say where such a merge splits."""
+    model = tokenizer_json.get("model", {})
+    merges = model.get("merges") or []
+    if model.get("type") == "BPE" and all(isinstance(m, list) and " " not in "".join(m) for m in merges):
+        model["merges"] = [" ".join(m) for m in merges]
+
+
+def _rewrite_json(path, change):
     with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        content = json.load(f)
+    change(content)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
+        json.dump(content, f, indent=2, ensure_ascii=False)
 
 
 def tokens_seen(ckpt):
@@ -414,14 +458,14 @@ def model_card(ckpt, hf_config, dtype):
         f"Dataset: {dataset or '?'}; step {ckpt.get('iter_num', '?')}"
         + (f" ({tokens:,} tokens)" if tokens is not None else "") + "; best validation loss "
         f"{float(ckpt.get('best_val_loss', float('nan'))):.4f}.", "",
-        f"The context is {ckpt['model_args']['block_size']} tokens: generation_config's max_length. "
-        + ("Asking for more (max_new_tokens past it) fails: the position table has no more rows."
+        f"The context is {ckpt['model_args']['block_size']} tokens: keep prompt and max_new_tokens within it. "
+        + ("Past it generation fails: the position table has no more rows."
            if family == "gpt2" else "Past it the rotary positions were never trained on."), "",
         "```python",
         "from transformers import AutoModelForCausalLM, pipeline",
         "model = AutoModelForCausalLM.from_pretrained('.')",
         "generate = pipeline('text-generation', model='.')",
-        "print(generate('Hello', max_new_tokens=50))",
+        f"print(generate('Hello', max_new_tokens={min(50, ckpt['model_args']['block_size'] // 2)}))",
         "```", "",
     ]
     return "\n".join(lines)
@@ -443,5 +487,5 @@ def verify(model, folder, tokenizer, tolerance=1e-4):
     text = "".join(tokenizer.itos[:20]) if tokenizer.name == 'char' else "Hello, I'm a language model,"
     if AutoTokenizer.from_pretrained(folder).encode(text, add_special_tokens=False) != tokenizer.encode(text):
         raise RuntimeError("the exported tokenizer encodes differently from ours: a bug in the export")
-    tqdm.write(f"checked: transformers loads {folder}; its logits match ours (max abs difference {diff:.2g}), "
+    tqdm.write(f"checked: transformers loads the folder; its logits match ours (max abs difference {diff:.2g}), "
                f"and so do its tokens")

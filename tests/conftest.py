@@ -334,3 +334,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def extra_architecture_field(monkeypatch):
+    """GPTConfig with one more architecture field, `test_extra: int = architecture(0)`, which the model itself
+    ignores: model.GPTConfig, and the name GPTConfig in every module that imported it, become a subclass with
+    that field for the test. Yields the field's name. Whatever reads the fields' kinds (resume, checkpoints,
+    export) must treat it as any architecture field: a new field GPTConfig gains cannot be forgotten."""
+    import dataclasses
+
+    import model
+    original = model.GPTConfig
+    extended = dataclasses.make_dataclass("GPTConfig", [("test_extra", int, model.architecture(0))],
+                                          bases=(original,))
+    extended.__module__, extended.__qualname__ = original.__module__, original.__qualname__
+    for module in list(sys.modules.values()):
+        if getattr(module, "__dict__", {}).get("GPTConfig") is original:  # no lazy module's __getattr__ runs
+            monkeypatch.setattr(module, "GPTConfig", extended)
+    yield "test_extra"

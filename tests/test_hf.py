@@ -3,12 +3,14 @@ gpt/hf.py, the bridge to transformers, and export.py: a checkpoint becomes a tra
 offline with AutoModelForCausalLM (GPT-2 or Llama), gives our logits and greedy tokens, carries a tokenizer
 that encodes as ours (characters, GPT-2 BPE, a dataset's own tokenizers BPE), and imports back
 (GPT.from_pretrained) with the same logits again. Every config field that changes the math is carried or
-refused, both ways: the round trip runs over every model setting (CASES), and a GPTConfig field that
-hf.FIELDS does not map fails test_every_config_field_is_mapped_and_exercised.
+refused, both ways: the round trip runs over every model setting (CASES); an architecture field (model.py
+says each field's kind) that hf.FIELDS does not map is refused on export, a new one included
+(test_a_new_architecture_field_is_refused_on_export_and_left_at_its_default_on_import).
 
 Under two transformers versions: CI runs this file in a second environment with the oldest version the
 requirements allow, and with $HF_OTHER_PYTHON (that environment's python) set, the folders exported here
-are also loaded there (test_an_export_loads_in_the_other_transformers).
+are also loaded there (test_an_export_loads_in_the_other_transformers, test_user_paths_*): what users type,
+model(**tokenizer(text)), generate(**enc) and pipeline, gives our logits and tokens in both.
 """
 import dataclasses
 import json
@@ -26,7 +28,7 @@ from gpt import hf
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint
 from gpt.errors import UserError
 from gpt.tokenizer import folder_meta, get_tokenizer
-from model import GPT, GPTConfig
+from model import ARCHITECTURE, GPT, INITIALISATION, RUNTIME, GPTConfig
 
 transformers = pytest.importorskip("transformers", reason="the bridge needs transformers: pip install transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,11 +102,8 @@ CASES = {
 }
 
 
-def test_every_config_field_is_mapped_and_exercised():
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    unmapped = fields - set(hf.FIELDS) - set(hf.NOT_ARCHITECTURE) - set(hf.UNEXPORTABLE)  # those: refused
-    assert not unmapped, f"GPTConfig fields with no transformers mapping in gpt/hf.py's FIELDS: {unmapped}"
-    assert not set(hf.FIELDS) & set(hf.NOT_ARCHITECTURE) and set(hf.FIELDS) | set(hf.NOT_ARCHITECTURE) <= fields
+def test_only_architecture_fields_are_carried_and_each_carried_one_is_exercised():
+    assert set(hf.FIELDS) <= set(GPTConfig.fields_of(ARCHITECTURE))  # initialisation, runtime: never exported
     defaults = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
     unexercised = {k for k in hf.FIELDS if not any(k in c and c[k] != defaults[k] for c in CASES.values())}
     assert not unexercised, f"no round-trip case sets {unexercised} to anything but its default"
@@ -149,6 +148,55 @@ def test_settings_transformers_cannot_express_are_refused_before_writing(tmp_pat
     assert not (tmp_path / "hf").exists()
     with pytest.raises(UserError, match="llama-family"):
         hf.llama_to_hf(model)
+
+
+def test_a_new_architecture_field_is_refused_on_export_and_left_at_its_default_on_import(extra_architecture_field,
+                                                                                        tmp_path):
+    """GPTConfig gains an architecture field (conftest patches one in): export refuses a model that sets it,
+    in one line naming it, before writing; at its default the model exports, and imports back with it."""
+    import model as model_module
+    name, Config = extra_architecture_field, model_module.GPTConfig
+    assert name in Config.fields_of(ARCHITECTURE) and name not in hf.FIELDS
+    small = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=60)
+    save_checkpoint(randomize(GPT(Config(**small, **{name: 3}))), tmp_path / "set")
+    with pytest.raises(UserError) as e:
+        export.main([f"--out_dir={tmp_path / 'set'}"])
+    assert str(e.value).startswith(f"cannot export {name}=3: transformers' GPT-2/Llama do not compute it")
+    assert "\n" not in str(e.value) and not (tmp_path / "set" / "hf").exists()
+
+    model = randomize(GPT(Config(**small)))
+    save_checkpoint(model, tmp_path / "default")
+    export.main([f"--out_dir={tmp_path / 'default'}", "--verify=False"])
+    back = GPT.from_pretrained(str(tmp_path / "default" / "hf")).eval()
+    assert isinstance(back.config, Config) and getattr(back.config, name) == 0
+    x = torch.randint(0, 60, (2, 16))
+    with torch.no_grad():
+        assert max_diff(back(x, targets=x)[0], model(x, targets=x)[0]) < 1e-5
+
+
+def test_every_unexportable_setting_is_named_in_one_line(tmp_path):
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=60, qk_norm=True,
+                          logit_softcap=30.0))
+    with pytest.raises(UserError) as e:
+        hf.to_hf(model)
+    assert str(e.value).startswith("cannot export qk_norm=True, logit_softcap=30.0: transformers' GPT-2/Llama do "
+                                   "not compute them") and "\n" not in str(e.value)
+
+
+def test_initialisation_and_runtime_fields_are_not_exported(tmp_path):
+    """How a run starts or runs the model (dropout, zero_init_proj, fused_loss, loss_chunk) is not what it
+    computes: a model that sets them exports, and the folder's dropouts are zero."""
+    others = {f.name for f in dataclasses.fields(GPTConfig)} - set(GPTConfig.fields_of(ARCHITECTURE))
+    assert others == set(GPTConfig.fields_of(INITIALISATION) + GPTConfig.fields_of(RUNTIME)) and others
+    for family in ("gpt2", "llama"):
+        model = randomize(GPT(GPTConfig(family=family, n_layer=1, n_head=2, n_embd=32, block_size=16,
+                                        vocab_size=60, dropout=0.3, zero_init_proj=True, fused_loss=True,
+                                        loss_chunk=7)))
+        config, _ = hf.to_hf(model)
+        dropouts = {k: v for k, v in config.to_dict().items()
+                    if k.endswith(("pdrop", "dropout")) and not k.startswith("summary_")}  # double-heads model's
+        assert dropouts and not any(dropouts.values()), dropouts
+        assert not set(config.to_dict()) & others
 
 
 # --- import: every transformers setting that changes the math is carried or refused
@@ -211,6 +259,24 @@ def test_import_carries_or_refuses_every_field(family, change, refused, tmp_path
     x = torch.randint(0, 300, (2, 48))
     with torch.no_grad():
         assert max_diff(model(x, targets=x)[0], hf_model(x).logits) < 1e-5
+
+
+@pytest.mark.parametrize("family, change, named", [
+    ("gpt2", dict(activation_function="relu", scale_attn_weights=False, some_new_switch=3),
+     ["activation_function='relu'", "scale_attn_weights=False", "some_new_switch=3"]),
+    ("llama", dict(hidden_act="gelu", head_dim=32, attention_bias=True, mlp_bias=False, partial_rotary_factor=0.5),
+     ["hidden_act='gelu'", "head_dim=32", "mlp_bias=False", "partial_rotary_factor=0.5"]),
+])
+def test_one_import_error_names_every_refused_field(family, change, named, tmp_path):
+    config = (transformers.GPT2Config(**{**GPT2, **change}) if family == "gpt2"
+              else transformers.LlamaConfig(**{**LLAMA, **change}))
+    config.save_pretrained(tmp_path)
+    with pytest.raises(UserError) as e:
+        GPT.from_pretrained(str(tmp_path))
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("transformers config field ")
+    assert all(message.count(name) == 1 for name in named), message
+    assert message.count("; field ") == len(named) - 1, message  # each once, nothing else
 
 
 def test_an_exported_bias_free_gpt2_comes_back_bias_free(tmp_path):
@@ -345,7 +411,7 @@ def test_gpt2_bpe_export_has_gpt2s_tokenizer_and_never_picks_padding(bpe_run, sh
 def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
     """A folder people can use at once: a char model whose vocabulary has spare ids gets <|endoftext|> as
     its eos and pad, and a batch of prompts of different lengths generates what each alone does; the
-    context is generation's max_length; the README's YAML block is what the hub reads."""
+    README's YAML block is what the hub reads."""
     from huggingface_hub import ModelCard
     from transformers import pipeline
     model = randomize(GPT(GPTConfig(family="llama", n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)))
@@ -356,7 +422,8 @@ def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
     tok, config = generate.tokenizer, generate.model.config
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, config.pad_token_id) == ("<|endoftext|>", 60, 60, 60)
     assert 60 in generate.model.generation_config.suppress_tokens  # never generated: the model never saw it
-    assert generate.model.generation_config.max_length == 24
+    # no max_length: with it, every generate(max_new_tokens=...) would warn that both lengths are set
+    assert "max_length" not in json.load(open(os.path.join(folder, "generation_config.json")))
     prompts = ["ABC", "HELLO THERE", "X"]
     alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
     batched = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=3)
@@ -364,8 +431,6 @@ def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
     _, tokenizer = ours(tmp_path)
     x = torch.tensor([tokenizer.encode("HELLO THERE")])
     assert alone[1] == tokenizer.decode(model.generate(x, 6, temperature=0, vocab_limit=60)[0].tolist())
-    # with no length asked for, generation stops at the context (max_length = block_size)
-    assert len(generate.tokenizer.encode(generate("ABC", do_sample=False)[0]["generated_text"])) == 24
 
     card = ModelCard.load(os.path.join(folder, "README.md"))
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
@@ -432,6 +497,86 @@ def test_a_folder_without_its_tokenizer_is_one_error_line(tmp_path):
     examples.write_text(json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n")
     with pytest.raises(UserError, match="tokenizer.json is missing"):
         hellaswag.main([f"--init_from={tmp_path}", f"--path={examples}", "--device=cpu"])
+
+
+# --- what users type - model(**tokenizer(text)), generate(**enc), pipeline - in this transformers and the other
+
+USER_TEXT = {"char": "HELLO THERE, friend", "bpe": "ROMEO:\nWhat say you, my lord?"}
+
+
+@pytest.fixture(scope="module")
+def user_exports(gpt2_ranks_path, tmp_path_factory):
+    """{name: run folder} of GPT-2 and Llama exports, each with a character vocabulary and with GPT-2's BPE
+    (padded to 50304), each folder holding hf/ and expected.pt: a text, our token ids and logits of it, and
+    our greedy continuation, as ids and as text."""
+    folders = {}
+    for family in ("gpt2", "llama"):
+        for vocab in ("char", "bpe"):
+            d = tmp_path_factory.mktemp(f"{family}-{vocab}")
+            model = randomize(GPT(GPTConfig(family=family, n_layer=2, n_head=2, n_embd=32, block_size=32,
+                                            vocab_size=101 if vocab == "char" else 50304)))
+            if vocab == "char":
+                save_checkpoint(model, d)  # 95 characters, and <|endoftext|> the 96th id
+            else:
+                meta = {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16", "eot": 50256}
+                torch.save({"model": model.state_dict(), "model_args": model.config.checkpoint_args(),
+                            "iter_num": 0, "best_val_loss": 9.0, "config": {}, "dataset_meta": meta}, d / "ckpt.pt")
+            export.main([f"--out_dir={d}", "--verify=False"])
+            _, tokenizer = ours(d)
+            ids = tokenizer.encode(USER_TEXT[vocab])
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                greedy = model.generate(x, 8, temperature=0, vocab_limit=tokenizer.vocab_size)[0].tolist()
+                torch.save({"text": USER_TEXT[vocab], "ids": ids, "logits": model(x, targets=x)[0][0],
+                            "greedy": greedy, "greedy_text": tokenizer.decode(greedy)}, d / "expected.pt")
+            folders[f"{family}-{vocab}"] = d
+    return folders
+
+
+# run by the python under test, on run folders: what each path users take gives, as one JSON line
+USER_PATHS = r"""
+import json, sys, torch, transformers
+results = {}
+for d in sys.argv[1:]:
+    e, folder = torch.load(d + '/expected.pt'), d + '/hf'
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    enc = transformers.AutoTokenizer.from_pretrained(folder)(e['text'], return_tensors='pt')
+    with torch.no_grad():
+        diff = (model(**enc).logits[0] - e['logits']).abs().max().item()
+        generated = model.generate(**enc, max_new_tokens=8, do_sample=False)[0].tolist()
+    text = transformers.pipeline('text-generation', model=folder)(e['text'], max_new_tokens=8, do_sample=False)
+    results[d] = dict(inputs=sorted(enc), ids=enc['input_ids'][0].tolist(), diff=diff, generated=generated,
+                      pipeline=text[0]['generated_text'])
+print('RESULTS', transformers.__version__, json.dumps(results))
+"""
+
+
+def check_user_paths(python, user_exports):
+    r = subprocess.run([python, "-c", USER_PATHS, *map(str, user_exports.values())], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TRANSFORMERS_VERBOSITY": "warning"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, version, results = r.stdout.strip().splitlines()[-1].split(" ", 2)
+    results = json.loads(results)
+    for name, d in user_exports.items():
+        e, got = torch.load(d / "expected.pt"), results[str(d)]
+        where = f"transformers {version}, {name}"
+        # no token_type_ids: transformers 4.x's GPT-2 adds wte(token_type_ids), its Llama refuses them
+        assert got["inputs"] == ["attention_mask", "input_ids"], (where, got["inputs"])
+        assert got["ids"] == e["ids"], where
+        assert got["diff"] < 1e-5, (where, got["diff"])
+        assert got["generated"] == e["greedy"], where
+        assert got["pipeline"] == e["greedy_text"], where
+    # generation_config has no max_length, so asking for max_new_tokens does not warn that both are set
+    assert "max_length" not in r.stderr, (version, r.stderr[-3000:])
+
+
+def test_user_paths_give_our_logits_and_tokens(user_exports):
+    check_user_paths(sys.executable, user_exports)
+
+
+@pytest.mark.skipif(not os.environ.get("HF_OTHER_PYTHON"), reason="HF_OTHER_PYTHON (a second transformers) not set")
+def test_user_paths_give_our_logits_and_tokens_in_the_other_transformers(user_exports):
+    check_user_paths(os.environ["HF_OTHER_PYTHON"], user_exports)
 
 
 # --- the other transformers version

@@ -1,0 +1,188 @@
+"""
+The folder export.py writes: never over a user's files, never left half written.
+
+    check(export_dir, force, keep)        # before the checkpoint is read: one error line for any problem
+    check_space(export_dir, nbytes)       # before anything is written
+    with writing(export_dir) as folder:   # a new folder beside export_dir; in place only when the block succeeds
+        ...
+
+export_dir may hold nothing, or an earlier export: one whose MARKER file lists every file that export wrote
+(name, size, and the sha256 of all but the largest), and nothing else. A user's own file beside it, a file of
+the export changed since, a folder without the marker (an export made before export.py wrote one included):
+refused, naming them, unless --force=True. An export is written into a new folder beside export_dir and only
+renamed into place once complete (and checked), so a failed export leaves what was there whole.
+"""
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+from gpt.errors import UserError
+
+MARKER = "nanogpt_export.json"
+HASHED_UP_TO = 64 << 20  # bytes: larger files (the weights) are recognised by their size, not read again
+SLACK = 16 << 20  # bytes the space check adds to the weights': tokenizer, configs, model card
+
+
+def _fingerprint(path):
+    size = os.path.getsize(path)
+    if size > HASHED_UP_TO:
+        return {"bytes": size}
+    with open(path, "rb") as f:
+        return {"bytes": size, "sha256": hashlib.sha256(f.read()).hexdigest()}
+
+
+def _recorded(folder):
+    """{file name: fingerprint} from the folder's MARKER; {} if there is none or it is not one of ours."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def not_ours(folder):
+    """The entries of a folder that no earlier export wrote, each with why where that is not plain."""
+    recorded = _recorded(folder)
+    strangers = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name == MARKER and recorded:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            strangers.append(f"{name}/")
+        elif name not in recorded or os.path.islink(path):
+            strangers.append(name)
+        elif _fingerprint(path) != recorded[name]:
+            strangers.append(f"{name} (changed since export.py wrote it)")
+    return strangers
+
+
+def _listing(names, most=5):
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _existing_ancestor(path):
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _inside(path, folder):
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check(export_dir, force=False, keep=()):
+    """Raise one UserError line if export_dir cannot take an export: a file or a link where the folder
+    goes, a parent that cannot be created or written, a folder holding anything but an earlier export
+    (unless force: then it is replaced, but never one holding folders, nor one of the `keep` paths - the
+    checkpoint being exported, the working directory). Reads only; call before anything is written."""
+    path = os.path.abspath(export_dir)
+    if os.path.islink(export_dir):
+        raise UserError(f"export_dir {export_dir} is a symbolic link: give the folder it points to, "
+                        f"{os.path.realpath(export_dir)}, or a new --export_dir")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UserError(f"export_dir {export_dir} is a file, not a folder: choose a new --export_dir")
+    ancestor = _existing_ancestor(os.path.dirname(path))
+    if not os.path.isdir(ancestor):
+        raise UserError(f"cannot create export_dir {export_dir}: {ancestor} is a file, not a folder; choose "
+                        f"a new --export_dir")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write export_dir {export_dir}: {ancestor} is read-only (the folder or its "
+                        f"disk); choose a new --export_dir")
+    if not os.path.isdir(path):
+        return
+    for kept in keep:
+        if _inside(os.path.abspath(kept), path):
+            raise UserError(f"export_dir {export_dir} holds {kept}, which replacing the folder would delete: "
+                            f"choose a new --export_dir")
+    strangers = not_ours(path)
+    folders = [name for name in strangers if name.endswith("/")]
+    if strangers and force and folders:
+        raise UserError(f"export_dir {export_dir} holds folders ({_listing(folders)}), and an export never "
+                        f"does: --force=True replaces only a folder of files; choose a new --export_dir")
+    if strangers and not force:
+        raise UserError(f"export_dir {export_dir} holds files export.py did not write ({_listing(strangers)}): "
+                        f"choose a new --export_dir, or pass --force=True to replace the folder and all in it")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"cannot replace export_dir {export_dir}: the folder is read-only; choose a new "
+                        f"--export_dir")
+
+
+def check_space(export_dir, nbytes):
+    """One UserError line if the disk export_dir goes on has no room for nbytes of weights (and the rest):
+    the old folder stays until the new one is complete, so both must fit."""
+    disk = _existing_ancestor(os.path.dirname(os.path.abspath(export_dir)))
+    free, need = shutil.disk_usage(disk).free, nbytes + SLACK
+    if free < need:
+        raise UserError(f"no space for export_dir {export_dir}: the export needs about {need / 2**20:,.0f} MiB "
+                        f"and {disk}'s disk has {free / 2**20:,.0f} MiB free; free some, or choose another "
+                        f"--export_dir (--dtype=bfloat16 halves the weights)")
+
+
+def _write_marker(folder):
+    files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        json.dump({"written_by": "export.py", "files": files}, f, indent=1)
+        f.write("\n")
+
+
+def _swap(new, path):
+    """Put the folder `new` at `path`, replacing what is there; on a failure `path` keeps what it held."""
+    if not os.path.lexists(path):
+        os.rename(new, path)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.replaced-", dir=os.path.dirname(path))
+    os.rmdir(old)  # wanted: a unique name beside it, free for the rename
+    os.rename(path, old)
+    try:
+        os.rename(new, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
+@contextmanager
+def writing(export_dir):
+    """`with writing(export_dir) as folder:` write the export into `folder`, a new one beside export_dir
+    (its missing parents made); when the block ends without an error, MARKER is added and the folder
+    replaces export_dir. On an error it is removed, with the parents made for it, and export_dir is left
+    as it was; a failure to write is one UserError line."""
+    path = os.path.abspath(export_dir)
+    parent = os.path.dirname(path)
+    made = []
+    folder = None
+    try:
+        ancestor = _existing_ancestor(parent)
+        while parent != ancestor:  # each missing parent, outermost first
+            made.insert(0, parent)
+            parent = os.path.dirname(parent)
+        for d in made:
+            os.mkdir(d)
+        folder = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(folder, 0o777 & ~umask)  # mkdtemp makes it private; give it the permissions mkdir would
+        yield folder
+        _write_marker(folder)
+        _swap(folder, path)
+    except BaseException as e:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        if isinstance(e, OSError) and e.errno in WRITE_ERRORS:
+            raise UserError(f"cannot write export_dir {export_dir}: {e.strerror} ({e.filename or path}); "
+                            f"nothing was changed there") from None
+        raise
