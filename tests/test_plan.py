@@ -6,7 +6,6 @@ included; counts derive from the model's block_size; checkpoints and log.jsonl r
 GPTConfig field is handled by its kind alone.
 """
 import dataclasses
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import configurator
 from gpt import plan
 from gpt.checkpoint import load_checkpoint
 from gpt.errors import UserError
-from model import ARCHITECTURE, GPT, GPTConfig, architecture
+from model import ARCHITECTURE, GPT, GPTConfig
 
 # train.py's settings that a plan reads, at train.py's defaults
 TRAIN = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, bias=False, dropout=0.0, **GPTConfig.options(),
@@ -104,19 +103,8 @@ def test_the_plan_is_frozen_and_records_as_plain_data():
     assert all(type(v) in (dict, list, str, int, float, bool) for v in record.values())
 
 
-@pytest.fixture
-def extra_architecture_field(monkeypatch):
-    """GPTConfig with one more architecture field, test_extra (0 by default; the model ignores it), in every
-    module that holds the class: what a new switch added to model.py looks like to the rest of the code."""
-    original = GPTConfig
-    extended = dataclasses.make_dataclass('GPTConfig', [('test_extra', int, architecture(0))], bases=(original,))
-    for module in list(sys.modules.values()):
-        if getattr(module, 'GPTConfig', None) is original:
-            monkeypatch.setattr(module, 'GPTConfig', extended)
-    yield 'test_extra'
-
-
 def test_a_new_architecture_field_needs_no_change_to_resume_or_checkpoints(extra_architecture_field):
+    """(test_hf.py's test_a_new_architecture_field_is_refused_by_export: the same field, export's side)"""
     name = extra_architecture_field
     assert name in plan.GPTConfig.fields_of(ARCHITECTURE)
     # resume refuses it when the user sets another value than the checkpoint's
