@@ -29,7 +29,7 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import check_data_for_model, get_tokenizer
-from gpt.trainlog import TrainLog, start_wandb, step_line
+from gpt.trainlog import TrainLog, check_wandb, start_wandb, step_line
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -113,6 +113,8 @@ config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options
 # -----------------------------------------------------------------------------
 
 settings.check_train(config)  # values that are the right type but make no sense: one line each
+if wandb_log:
+    check_wandb()  # installed, and a key or offline mode: now, not after the model is built
 
 # various inits, derived attributes, I/O setup; under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
@@ -234,8 +236,9 @@ def elapsed():
 
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
-    exactly as this one would. With a name: that file instead, kept beside ckpt.pt."""
-    checkpoint.save(out_dir, raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
+    exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns the path written
+    (on rank 0), or None."""
+    return checkpoint.save(out_dir, raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
                     model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
                     scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
                     log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
@@ -380,11 +383,13 @@ while True:
 
     # preemption: the step is done; checkpoint it and leave
     if stop.requested(device):
-        save()
+        saved = save()
         log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
-        if master_process:
-            print(f"stopped at iteration {iter_num}; continue with the same command plus --init_from=resume "
-                  f"(and --out_dir={out_dir})")
+        if master_process:  # a skipped or failed save must not be taken for one that can be resumed
+            print(f"stopped at iteration {iter_num}; " + (
+                f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else
+                f"its checkpoint was not written, so --init_from=resume would not start here: "
+                f"{checkpoint.last_good(out_dir)}"))
         if torchrun:
             del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
             distributed.finish()

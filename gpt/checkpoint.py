@@ -104,7 +104,8 @@ def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
     sharded (parallelism=fsdp under torchrun): every rank writes its part into out_dir/ckpt_dcp/. Otherwise
     rank 0 writes out_dir/ckpt.pt and keeps the last `keep` of them as numbered copies (0: none); with a
     name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
-    and only the last `keep` of its kind (0: all)."""
+    and only the last `keep` of its kind (0: all). Returns the path written (rank 0; every rank when sharded),
+    or None when nothing was: refused (non-finite weights or val loss) or failed (said in one line)."""
     global _last_good
     distributed = dist.is_available() and dist.is_initialized()
     master = not distributed or dist.get_rank() == 0
@@ -112,12 +113,13 @@ def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
         if master:
             print(f"not saving a checkpoint: the val loss at step {_nonfinite_eval_at} was not finite "
                   f"({last_good(out_dir)})")
-        return
+        return None
     if sharded:
         save_sharded(out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
         _last_good = (os.path.join(out_dir, DCP_DIR), state["iter_num"])
-        return
+        return _last_good[0]
     rng = gather_rng_states()
+    written = None
     if master:
         path = os.path.join(out_dir, name or "ckpt.pt")
         model_sd = model.state_dict()
@@ -128,6 +130,7 @@ def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
             print(f"saving checkpoint to {path}")
             ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state, "rng": rng}
             saved = save_checkpoint(ckpt, path)
+            written = path if saved else None
             if saved and name is None:
                 _last_good = (path, state["iter_num"])
             if saved and keep > 0 and name is None:
@@ -136,6 +139,7 @@ def save(out_dir, model, optimizer, sharded=False, name=None, keep=0, **state):
                 prune_checkpoints(out_dir, name, keep)
     if distributed:
         dist.barrier()
+    return written
 
 
 def last_good(out_dir):
@@ -189,20 +193,34 @@ def load_checkpoint(path):
     if damage:
         raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
                         f"memory or copy error); {way_back(path)}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        refused = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
-        if refused:
-            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
-                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
-                            f"if you trust the file, re-save it without that entry")
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
+    ckpt = safe_load(path)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
     return ckpt
+
+
+def safe_load(path):
+    """torch.load(weights_only=True) onto the CPU, its failures one line each. torch's own message for a
+    refused pickle advises loading with weights_only=False, which would run whatever code the file holds:
+    that advice is never passed on, only what was refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        text = str(e)
+        refused = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(e, pickle.UnpicklingError) else None
+        if refused:
+            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
+                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
+                            f"if you trust the file, re-save it without that entry")
+        if "weights_only" in text or "WeightsUnpickler" in text:  # refused for another reason than a class
+            detail = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", text)  # e.g. Unsupported operand 105
+            raise UserError(f"{path} is unsafe, not loaded: it holds more than tensors and plain data"
+                            + (f" ({detail.group(1).strip()[:200]})" if detail else "")
+                            + ", and loading that could run code; if you trust the file, re-save it with only "
+                              "tensors and plain data")
+        reason = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
 
 
 def checksum_failure(path):
@@ -450,7 +468,7 @@ def sharded_checkpoint(out_dir):
 
 
 def load_train_state(path):
-    return torch.load(os.path.join(path, TRAIN_STATE), map_location="cpu", weights_only=True)
+    return safe_load(os.path.join(path, TRAIN_STATE))
 
 
 def load_sharded(path, model, optimizer):
