@@ -251,7 +251,10 @@ def describe_dataset(data_dir, meta):
 
 
 def prepare_choices():
-    """The datasets that have a prepare script: data/*/prepare.py beside train.py."""
+    """The datasets that have a prepare script: data/*/prepare.py beside train.py (none for an installed
+    package, whose data/ folder stays in the checkout)."""
+    if not os.path.isdir(os.path.join(REPO, "data")):
+        return []
     return sorted(d for d in os.listdir(os.path.join(REPO, "data"))
                   if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
 
@@ -260,6 +263,8 @@ def prepare_hint(dataset):
     """The command that prepares `dataset`, or the choices when it has no prepare script."""
     if os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
+    if not prepare_choices():
+        return "the prepare.py of a dataset in the checkout's data/ folder"
     return f"python data/<{'|'.join(prepare_choices())}>/prepare.py"
 
 
