@@ -17,7 +17,7 @@ import torch
 import torch._functorch.config
 
 import configurator
-from gpt import errors, generation, hardware, stepgraph
+from gpt import errors, generation, hardware, settings, stepgraph
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -53,6 +53,7 @@ out_json = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
 config = configurator.apply(globals(), sys.argv[1:])
+settings.check_bench(config)  # values that are the right type but make no sense: one line each
 # -----------------------------------------------------------------------------
 
 device = hardware.resolve_device(device)
@@ -181,10 +182,10 @@ def bench_generate(B):
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
     with gen_ctx:
         # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
-        model.generate(prompt, gen_tokens, top_k=top_k, compile_step=compile_step)
+        model.generate(prompt, gen_tokens, top_k=top_k or None, compile_step=compile_step)
         sync()
         t0 = time.perf_counter()
-        model.generate(prompt, gen_tokens, top_k=top_k, compile_step=compile_step)
+        model.generate(prompt, gen_tokens, top_k=top_k or None, compile_step=compile_step)
         sync()
         dt = time.perf_counter() - t0
         # the cache (and the graph) must not change the result: greedy decoding with and without it
@@ -211,11 +212,11 @@ results = dict(card=card, torch=torch.__version__, git=git_revision(), config=co
 if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
-for B in [int(b) for b in batch_sizes.split(',') if b]:
+for B in [int(b) for b in batch_sizes.split(',') if b.strip()]:
     r = bench_train(B)
     results['train'].append(r)
     print(f"train B={B}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s", flush=True)
-for B in [int(b) for b in gen_batch_sizes.split(',') if b]:
+for B in [int(b) for b in gen_batch_sizes.split(',') if b.strip()]:
     r = bench_generate(B)
     results['generate'].append(r)
     print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)

@@ -10,8 +10,10 @@ A script may pass more settings defined beside the code that uses them, as dicts
 
 Each argument is either a config file (a Python file, run with the current values in scope, whose
 assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
-string). Later arguments win. Unknown keys and values of the wrong type stop the script with one line
-naming the key, the expected type and the given value; an int is accepted for a float.
+string). Later arguments win. A config file sees its own path as __file__; an exception it raises,
+SystemExit included (a file cannot end the run unseen), is one line naming the file and line. Unknown keys
+and values of the wrong type stop the script with one line naming the key, the expected type and the given
+value; an int is accepted for a float.
 
 The returned config also records which keys the user gave (config.given): every key a config file assigns
 or a flag sets, whatever its value. A value equal to the script's default still counts as given: resuming a
@@ -77,24 +79,27 @@ class _Recording(dict):
 def _run_config_file(path, config):
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
-    scope = _Recording(config)
+    scope = _Recording({**config, "__file__": path})  # __file__: a file can find files beside it
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
     except (SyntaxError, ValueError, UnicodeDecodeError) as e:
         where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)}")
+    except OSError as e:  # no permission, or not a regular file after all
+        raise UserError(f"config file {path} could not be read ({e.strerror or e})")
     try:
         exec(code, scope)
-    except UserError:
+    except (UserError, KeyboardInterrupt):  # Ctrl-C while a file runs stays Ctrl-C
         raise
-    except Exception as e:
+    except BaseException as e:  # SystemExit too: a config file cannot end the run with status 0, unseen
         tb, line = e.__traceback__, None
         while tb is not None:  # the last line of the file itself that the error passed through
             line = tb.tb_lineno if tb.tb_frame.f_code.co_filename == path else line
             tb = tb.tb_next
-        raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "")
-                        + f": {type(e).__name__}: {e}")
+        what = (f"it exits (SystemExit({e.code!r})), and a config file may only set values"
+                if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")
+        raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "") + f": {what}")
     overrides = {}
     for key in sorted(scope.assigned, key=list(scope).index):  # in the order the file first set them
         value = scope[key]

@@ -17,6 +17,7 @@ import configurator
 from gpt import errors
 from gpt.dashboard import make_server, url
 from gpt.errors import UserError
+from gpt.settings import check_dashboard
 from gpt.trainlog import LOG_NAME
 
 
@@ -28,6 +29,7 @@ def main(argv):
         host='127.0.0.1',  # the address to listen on; only this machine can reach 127.0.0.1
     )
     s = configurator.apply(settings, argv)
+    check_dashboard(s)  # a port beyond 65535: one line, not socket's OverflowError
     if not os.path.isdir(s['out_dir']):
         raise UserError(f"out_dir {s['out_dir']} does not exist: point --out_dir at a run folder")
     if not os.path.exists(os.path.join(s['out_dir'], LOG_NAME)):

@@ -21,8 +21,8 @@ import torch.distributed as dist
 import configurator
 from gpt import distributed, errors, hardware
 from gpt.checkpoint import load_model
-from gpt.errors import UserError
 from gpt.hellaswag import evaluate, load_examples
+from gpt.settings import check_hellaswag
 from gpt.tokenizer import folder_meta, get_tokenizer
 
 
@@ -39,9 +39,7 @@ def main(argv):
         batch_examples=8,  # examples per forward (4 rows each)
     )
     s = configurator.apply(settings, argv)
-    if s['batch_examples'] <= 0 or s['limit'] < 0:
-        raise UserError(f"batch_examples must be positive and limit not negative "
-                        f"(got {s['batch_examples']}, {s['limit']})")
+    check_hellaswag(s)  # values that are the right type but make no sense: one line each
 
     torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
     device = hardware.resolve_device(s['device'])

@@ -29,7 +29,7 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import check_data_for_model, get_tokenizer
-from gpt.trainlog import TrainLog, start_wandb, step_line
+from gpt.trainlog import TrainLog, check_wandb, start_wandb, step_line
 from model import GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -114,6 +114,8 @@ config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options
 # machine make one frozen plan (gpt/plan.py); every check that can fail runs; only then is out_dir claimed (an
 # earlier run moved aside), are weights downloaded and the model built.
 settings.check_train(config)  # values that are the right type but make no sense: one line each
+if wandb_log:
+    check_wandb()  # installed, and a key or offline mode: now, not after the model is built
 
 # under torchrun, one process per GPU (rank 0 of 1 otherwise)
 device = hardware.resolve_device(device)
@@ -362,9 +364,11 @@ while True:
     if stop.requested(device):
         saved = save()
         log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
-        if master_process:
-            print(f"stopped at iteration {iter_num}; " + ("" if saved else f"not saved: {saver.last_good()}; ")
-                  + f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})")
+        if master_process:  # a skipped or failed save must not be taken for one that can be resumed
+            print(f"stopped at iteration {iter_num}; " + (
+                f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else
+                f"its checkpoint was not written, so --init_from=resume would not start here: "
+                f"{saver.last_good()}"))
         if torchrun:
             del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
             distributed.finish()

@@ -2,9 +2,13 @@
 # On a GPU it is config/train_shakespeare_char.py as is (about 30 s on an H100, longer on smaller cards);
 # on a CPU it is a smaller model on shorter contexts so that it finishes in a few minutes.
 # $ python train.py config/quickstart.py
+import os
+
 import torch
 
-exec(open('config/train_shakespeare_char.py').read())
+# beside this file, wherever train.py is run from (the configurator gives config files their __file__)
+with open(os.path.join(os.path.dirname(__file__), 'train_shakespeare_char.py')) as _f:
+    exec(_f.read())
 
 if not torch.cuda.is_available():
     print("quickstart: no GPU found, training a small model on the CPU")

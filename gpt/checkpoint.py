@@ -260,16 +260,7 @@ def load_checkpoint(path):
     if damage:
         raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
                         f"memory or copy error); {way_back(path)}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        refused = re.search(r"GLOBAL ([\w.]+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
-        if refused:
-            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
-                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
-                            f"if you trust the file, re-save it without that entry")
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
+    ckpt = safe_load(path)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
     ckpt["model"] = clean_state_dict(ckpt["model"])
@@ -286,6 +277,29 @@ def where_else(path):
     older = f" (older ones: {', '.join(earlier[1:])})" if len(earlier) > 1 else ""
     return (f"an earlier run's checkpoint is kept in {earlier[0]}{older}: use --out_dir={earlier[0]}, or move "
             f"its files back")
+
+
+def safe_load(path):
+    """torch.load(weights_only=True) onto the CPU, its failures one line each. torch's own message for a
+    refused pickle advises loading with weights_only=False, which would run whatever code the file holds:
+    that advice is never passed on, only what was refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        text = str(e)
+        refused = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(e, pickle.UnpicklingError) else None
+        if refused:
+            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
+                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
+                            f"if you trust the file, re-save it without that entry")
+        if "weights_only" in text or "WeightsUnpickler" in text:  # refused for another reason than a class
+            detail = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", text)  # e.g. Unsupported operand 105
+            raise UserError(f"{path} is unsafe, not loaded: it holds more than tensors and plain data"
+                            + (f" ({detail.group(1).strip()[:200]})" if detail else "")
+                            + ", and loading that could run code; if you trust the file, re-save it with only "
+                              "tensors and plain data")
+        reason = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
 
 
 def checksum_failure(path):
@@ -510,7 +524,7 @@ def sharded_checkpoint(out_dir):
 
 
 def load_train_state(path):
-    return torch.load(os.path.join(path, TRAIN_STATE), map_location="cpu", weights_only=True)
+    return safe_load(os.path.join(path, TRAIN_STATE))
 
 
 def load_sharded(path, model, optimizer):

@@ -98,9 +98,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def make_server(out_dir, port=8000, host="127.0.0.1"):
     try:
         server = http.server.ThreadingHTTPServer((host, port), Handler)
-    except OSError as e:
-        raise UserError(f"the dashboard cannot listen on {host}:{port} ({e.strerror or e}): pick another port "
-                        f"(0: any free one)")
+    except (OSError, OverflowError) as e:  # in use, no such address; OverflowError: a port beyond 65535
+        raise UserError(f"the dashboard cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}): "
+                        f"pick another port (0: any free one)")
     server.daemon_threads = True
     server.log_path = os.path.join(out_dir, LOG_NAME)
     server.run_name = os.path.basename(os.path.abspath(out_dir))

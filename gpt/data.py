@@ -57,10 +57,25 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data is allowed")
 
 
+def check_readable(path, what="token file"):
+    """One line for a path that exists but is no readable regular file (a folder, a device, no permission),
+    which numpy and open() would otherwise report with a traceback."""
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a folder, not a {what}; re-run the dataset's prepare.py")
+    if not os.path.isfile(path):
+        raise UserError(f"{path} is not a regular file, so not a {what}; re-run the dataset's prepare.py")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror or e}): check its permissions")
+
+
 def read_meta(data_dir):
     """The dataset's metadata as a dict, or None when it has none (then it is GPT-2 BPE, as in nanoGPT)."""
     path = os.path.join(data_dir, "meta.json")
     if os.path.exists(path):
+        check_readable(path, "metadata file")
         try:
             with open(path, encoding="utf-8") as f:
                 meta = json.load(f)
@@ -68,6 +83,7 @@ def read_meta(data_dir):
             raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py")
     elif os.path.exists(os.path.join(data_dir, "meta.pkl")):
         path = os.path.join(data_dir, "meta.pkl")
+        check_readable(path, "metadata file")
         try:
             with open(path, "rb") as f:
                 meta = _PlainDataUnpickler(io.BytesIO(f.read())).load()
@@ -75,15 +91,14 @@ def read_meta(data_dir):
             raise UserError(f"{path} could not be read as plain data ({e}); re-run the dataset's prepare.py")
         if isinstance(meta, dict) and "itos" in meta:  # nanoGPT char meta: itos is {id: char}
             meta = {"tokenizer": "char", "vocab_size": meta["vocab_size"],
-                    "itos": [meta["itos"][i] for i in range(meta["vocab_size"])]}
+                    "itos": [meta["itos"].get(i) for i in range(meta["vocab_size"])]}  # gaps: check_meta
     else:
         return None
-    if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
-        raise UserError(f"{path} has no integer vocab_size; re-run the dataset's prepare.py")
+    if not isinstance(meta, dict) or type(meta.get("vocab_size")) is not int or meta["vocab_size"] <= 0:
+        raise UserError(f"{path} has no positive integer vocab_size; re-run the dataset's prepare.py")
     meta.setdefault("tokenizer", "char" if "itos" in meta else "gpt2")
     meta.setdefault("dtype", "uint16")
-    if meta["dtype"] not in DTYPES:
-        raise UserError(f"{path}: unknown dtype {meta['dtype']!r} (expected one of {sorted(DTYPES)})")
+    check_meta(meta, path)
     if meta["tokenizer"] == "hf" and "tokenizer_json" not in meta:
         # the tokenizer itself goes into the meta, so that checkpoints (which keep the meta) carry it
         tok_path = os.path.join(data_dir, meta.get("tokenizer_file", "tokenizer.json"))
@@ -93,12 +108,54 @@ def read_meta(data_dir):
         except OSError as e:
             raise UserError(f"{path} names tokenizer file {tok_path}, which could not be read "
                             f"({e.strerror or e}); re-run the dataset's prepare.py")
+        from gpt.tokenizer import hf_meta  # here: gpt.tokenizer imports this module
+        held = hf_meta(meta["tokenizer_json"], tok_path)["vocab_size"]
+        if held != meta["vocab_size"]:
+            raise UserError(f"{path} says vocab_size {meta['vocab_size']}, but its tokenizer file {tok_path} has "
+                            f"{held} tokens; re-run the dataset's prepare.py")
     return meta
+
+
+TOKENIZERS = ("char", "gpt2", "hf")  # what meta.json's "tokenizer" may say (gpt/tokenizer.py reads each)
+GPT2_VOCAB = 50257  # GPT-2 BPE's tokens, <|endoftext|> included
+
+
+def check_meta(meta, path):
+    """One line for metadata that would train silently wrong (the data's ids mean nothing known, or another
+    vocabulary than the one said): a known tokenizer and dtype, a vocab_size that is the tokenizer's, and for
+    characters a list of distinct single characters, one per id (and stoi, where given, its inverse)."""
+    def bad(what):
+        raise UserError(f"{path}: {what}; re-run the dataset's prepare.py")
+    kind, vocab = meta["tokenizer"], meta["vocab_size"]
+    if kind not in TOKENIZERS:
+        bad(f"unknown tokenizer {kind!r} (known: {', '.join(TOKENIZERS)})")
+    if meta["dtype"] not in DTYPES:
+        bad(f"unknown dtype {meta['dtype']!r} (known: {', '.join(DTYPES)})")
+    if vocab - 1 > np.iinfo(DTYPES[meta["dtype"]]).max:
+        bad(f"vocab_size {vocab} does not fit dtype {meta['dtype']}")
+    if kind == "gpt2" and vocab != GPT2_VOCAB:
+        bad(f"tokenizer gpt2 has {GPT2_VOCAB} tokens, but vocab_size says {vocab}")
+    if kind == "hf" and meta.get("eot") is not None and not (type(meta["eot"]) is int and 0 <= meta["eot"] < vocab):
+        bad(f"eot {meta['eot']!r} is not a token id below vocab_size {vocab}")
+    if kind != "char":
+        return
+    itos = meta.get("itos")
+    if not isinstance(itos, list) or not all(isinstance(ch, str) and len(ch) == 1 for ch in itos):
+        bad("tokenizer char needs 'itos', a list of single characters (the character of each id)")
+    if len(itos) != vocab:
+        bad(f"vocab_size says {vocab}, but itos has {len(itos)} characters")
+    if len(set(itos)) != len(itos):
+        twice = next(ch for i, ch in enumerate(itos) if ch in itos[:i])
+        bad(f"itos holds {twice!r} more than once, so text cannot be encoded back to its ids")
+    stoi = meta.get("stoi")
+    if stoi is not None and stoi != {ch: i for i, ch in enumerate(itos)}:
+        bad("stoi is not the inverse of itos")
 
 
 def open_tokens(path, dtype="uint16"):
     """A read-only memmap over a .bin file, after checking it is a whole number of tokens and not empty."""
     itemsize = np.dtype(DTYPES[dtype]).itemsize
+    check_readable(path)
     size = os.path.getsize(path)
     if size == 0:
         raise UserError(f"{path} is empty; re-run the dataset's prepare.py")
@@ -133,6 +190,7 @@ def write_shard(path, tokens, dtype="uint16"):
 
 def open_npy_shard(path):
     """A read-only memmap over a build-nanogpt shard (its fineweb.py's np.save of a uint16 array)."""
+    check_readable(path, "token shard")
     try:
         tokens = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
@@ -149,6 +207,7 @@ def open_shard(path):
     if str(path).endswith(".npy"):
         return open_npy_shard(path)
     header_bytes = SHARD_HEADER_INTS * 4
+    check_readable(path, "token shard")
     size = os.path.getsize(path)
     if size < header_bytes:
         raise UserError(f"{path} is not a token shard: {size} bytes, shorter than the {header_bytes}-byte header")
@@ -192,7 +251,10 @@ def describe_dataset(data_dir, meta):
 
 
 def prepare_choices():
-    """The datasets that have a prepare script: data/*/prepare.py beside train.py."""
+    """The datasets that have a prepare script: data/*/prepare.py beside train.py (none for an installed
+    package, whose data/ folder stays in the checkout)."""
+    if not os.path.isdir(os.path.join(REPO, "data")):
+        return []
     return sorted(d for d in os.listdir(os.path.join(REPO, "data"))
                   if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
 
@@ -201,6 +263,8 @@ def prepare_hint(dataset):
     """The command that prepares `dataset`, or the choices when it has no prepare script."""
     if os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
+    if not prepare_choices():
+        return "the prepare.py of a dataset in the checkout's data/ folder"
     return f"python data/<{'|'.join(prepare_choices())}>/prepare.py"
 
 

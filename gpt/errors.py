@@ -8,9 +8,22 @@ gpt/rundir.py's Claim.undo (an earlier run's files moved back when a run fails b
 The hook calls it, not atexit: atexit runs at every exit, a successful one too, and cannot tell them apart,
 while the hook runs exactly when an exception ends the script (not at sys.exit, nor when the process is
 killed: then nothing runs, and what was set aside stays aside, named by the note that moved it).
+
+Under torchrun every rank usually meets the same mistake: rank 0 alone prints the line, the others exit
+with the same status quietly. Every rank also writes the line into its torchrun error file
+($TORCHELASTIC_ERROR_FILE), so torchrun's failure summary shows it instead of "To enable traceback see: ...".
+torchrun itself still ends with its own ChildFailedError traceback and status 1, whatever its workers'
+status: that is torchrun's, and no worker can change it (docs/scaling.md).
+
+When stdout is a pipe that closed early (`python sample.py | head -3`), a script stops quietly with status
+141, as a shell reports a command ended by SIGPIPE (what `cat` or `yes` give in the same place): the reader
+asked for no more, so there is nothing to report, yet `set -o pipefail` still sees that the output was cut.
 """
+import os
 import sys
 
+# nothing else is imported here: the scripts import this module first, before torch, so that Ctrl-C while
+# torch loads is already the short line; json, select and time are imported when an error needs them
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 
 
@@ -31,19 +44,58 @@ def _run_failure_callbacks():
             callback()
         except Exception as e:  # putting back what it can must not hide the error that ended the run
             print(f"note: could not undo what the run changed ({type(e).__name__}: {e})",
-                  file=sys.__stderr__ or sys.stderr, flush=True)
+                  file=_stderr(), flush=True)
+
+
+def _stderr():
+    # the real stderr: torch.distributed wraps the hook and buffers sys.stderr while it runs, and the exit
+    # below would skip printing that buffer
+    return sys.__stderr__ or sys.stderr
+
+
+def _stdout_closed():
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+    try:
+        fd = sys.__stdout__.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no stdout, or no poll (Windows)
+        return False
+
+
+def _torchrun_report(line):
+    """Under torchrun, the line into this worker's error file, where torchrun's failure summary reads it;
+    True on rank 0 (and outside torchrun): the process that prints it."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        import json
+        import time
+        try:
+            with open(error_file, "w") as f:
+                # the layout torchrun's own @record writes, which its summary shows as the "traceback"
+                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                      "timestamp": str(int(time.time()))}}}, f)
+        except OSError:
+            pass  # the summary then says less; the line is still printed by rank 0
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _excepthook(kind, value, tb):
     _run_failure_callbacks()
     if issubclass(kind, KeyboardInterrupt):  # Ctrl-C outside the training loop (which stops cleanly itself)
-        print("interrupted (Ctrl-C)", file=sys.__stderr__ or sys.stderr, flush=True)
+        print("interrupted (Ctrl-C)", file=_stderr(), flush=True)
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
     if issubclass(kind, UserError):
-        # the real stderr: torch.distributed wraps this hook and buffers sys.stderr while it runs,
-        # and the exit below would skip printing that buffer
-        print(f"error: {value}", file=sys.__stderr__ or sys.stderr, flush=True)
+        line = f"error: {value}"
+        if _torchrun_report(line):
+            print(line, file=_stderr(), flush=True)
         sys.exit(2)  # sys.exit inside the hook sets the interpreter's exit status
+    if issubclass(kind, BrokenPipeError) and _stdout_closed():
+        # nothing more can be written there, and Python's flush at exit would complain about it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+        sys.exit(141)  # 128 + SIGPIPE
     sys.__excepthook__(kind, value, tb)
 
 

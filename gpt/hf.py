@@ -296,13 +296,51 @@ def llama_from_hf(hf_model, dropout=0.0):
     return args, state_dict
 
 
+def check_folder(folder):
+    """One line for a folder given as init_from that cannot be a transformers GPT-2 or Llama model: a training
+    run's out_dir (ckpt.pt: resume it instead), no config.json, a config.json that is no JSON object, of
+    another model type, or with a field this project reads of the wrong type ("n_layer": "two"). From the
+    file alone, before transformers is imported or any weight read."""
+    if any(os.path.exists(os.path.join(folder, name)) for name in ("ckpt.pt", "ckpt_dcp")):
+        raise UserError(f"init_from={folder} is a training run's folder (it holds a checkpoint), not a "
+                        f"transformers model: use --init_from=resume --out_dir={folder}")
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise UserError(f"init_from={folder} holds no config.json, so it is not a transformers model folder "
+                        f"(one written by save_pretrained, or by export.py from a checkpoint)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise UserError(f"{path} could not be read as JSON ({e}): save the model again with save_pretrained")
+    family = config.get("model_type") if isinstance(config, dict) else None
+    if family not in ("gpt2", "llama"):
+        raise UserError(f"{path}: model_type {family!r} is not a model this project loads (gpt2 or llama)")
+    from model import GPTConfig  # here: model.py imports this module when it loads weights
+    types_ = {f.name: f.type for f in dataclasses.fields(GPTConfig)}  # GPTConfig says each field's type
+    i = 0 if family == "gpt2" else 1
+    for ours, pair in FIELDS.items():
+        field, want = pair[i], types_[ours]
+        value = config.get(field) if field else None
+        if value is None:  # not there, or null: transformers' default
+            continue
+        if type(value) is not want and not (want is float and type(value) is int):
+            raise UserError(f"{path}: {field}={value!r} is a {type(value).__name__}, not the {want.__name__} "
+                            f"a {family} config holds: fix the file, or save the model again with save_pretrained")
+
+
 def load_pretrained(model_type, dropout=0.0):
     """(model_args, state dict) from GPT-2 weights through transformers - a hub name (gpt2, gpt2-medium,
     gpt2-large, gpt2-xl) or a local folder written by save_pretrained - or from a Llama folder. A folder's
     config is checked before its weights are read."""
     if os.path.isdir(model_type):
         from transformers import AutoConfig
-        config = AutoConfig.from_pretrained(model_type)
+        check_folder(model_type)
+        try:
+            config = AutoConfig.from_pretrained(model_type)
+        except Exception as e:  # transformers' ValueError, OSError; huggingface_hub's StrictDataclassError
+            raise UserError(f"{model_type}: transformers cannot read its config.json "
+                            f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
         args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
         if config.model_type == "llama":
             from transformers import LlamaForCausalLM

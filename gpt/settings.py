@@ -1,12 +1,20 @@
 """
-Settings that have the right type but make no sense (a negative learning rate, dropout 1.5, no layers):
-the entry scripts check them right after the configurator, so each is one `error:` line before any work.
+Settings that have the right type but make no sense (a negative learning rate, dropout 1.5, no layers, a
+port beyond 65535, a negative checkpoint interval that would silently never save): the entry scripts check
+them right after the configurator, so each is one `error:` line before any work.
 """
 import os
 
 from gpt.errors import UserError
 
 NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)")  # top-p sampling
+POSITIVE = (lambda v: v > 0, "positive")
+NOT_NEGATIVE = (lambda v: v >= 0, "0 or more")
+FRACTION = (lambda v: 0 <= v < 1, "at least 0 and below 1")
+PORT = (lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535 (0: any free port)")
+# numpy's generators take any seed >= 0, torch.manual_seed up to 2**64 - 1; the scripts add the rank, the
+# step or a stream number to the seed, so below 2**63 leaves them all room
+SEED = (lambda v: 0 <= v < 2**63, "at least 0 and below 2**63")
 
 
 def _check(rules, config):
@@ -21,26 +29,68 @@ def check_train(c):
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
+    if os.path.isdir(init_from):
+        from gpt.hf import check_folder  # here: gpt.hf imports torch, and this module is imported first
+        check_folder(init_from)
     if c['eval_iters'] <= 0 or c['eval_interval'] <= 0:
         raise UserError(f"eval_iters and eval_interval must be positive (got {c['eval_iters']}, {c['eval_interval']})")
     if min(c['batch_size'], c['block_size'], c['gradient_accumulation_steps'], c['log_interval']) <= 0 \
             or c['max_iters'] < 0:
         raise UserError("batch_size, block_size, gradient_accumulation_steps and log_interval must be "
                         "positive, max_iters not negative")
-    positive = (lambda v: v > 0, "positive")
-    _check([('dropout', lambda v: 0 <= v < 1, "at least 0 and below 1"),
-            ('learning_rate', *positive), ('min_lr', lambda v: v >= 0, "0 or more"),
-            ('n_layer', *positive), ('n_head', *positive), ('n_embd', *positive),
-            ('n_kv_head', lambda v: v >= 0, "0 (n_head) or more"), ('mlp_hidden', lambda v: v >= 0, "0 or more"),
-            ('weight_decay', lambda v: v >= 0, "0 or more"), ('grad_clip', lambda v: v >= 0, "0 (off) or more"),
-            ('beta1', lambda v: 0 <= v < 1, "at least 0 and below 1"),
-            ('beta2', lambda v: 0 <= v < 1, "at least 0 and below 1"),
-            ('warmup_iters', lambda v: v >= 0, "0 or more"), ('max_nonfinite_steps', *positive),
-            ('keep_checkpoints', lambda v: v >= 0, "0 or more"), ('sample_top_p', *NUCLEUS)], c)
+    _check([('dropout', *FRACTION),
+            ('learning_rate', *POSITIVE), ('min_lr', *NOT_NEGATIVE),
+            ('n_layer', *POSITIVE), ('n_head', *POSITIVE), ('n_embd', *POSITIVE),
+            ('n_kv_head', lambda v: v >= 0, "0 (n_head) or more"), ('mlp_hidden', *NOT_NEGATIVE),
+            ('rope_theta', *POSITIVE),
+            ('weight_decay', *NOT_NEGATIVE), ('grad_clip', lambda v: v >= 0, "0 (off) or more"),
+            ('beta1', *FRACTION), ('beta2', *FRACTION),
+            ('warmup_iters', *NOT_NEGATIVE), ('lr_decay_iters', *NOT_NEGATIVE), ('max_nonfinite_steps', *POSITIVE),
+            ('lr_decay_frac', lambda v: 0 < v <= 1, "above 0 and at most 1 (the fraction of the run 'wsd' "
+                                                    "decays over)"),
+            ('max_tokens', lambda v: v >= 0, "0 (max_iters) or more"),
+            ('warmup_tokens', lambda v: v >= 0, "0 (warmup_iters) or more"),
+            ('lr_decay_tokens', lambda v: v >= 0, "0 (lr_decay_iters) or more"),
+            ('total_batch_size', lambda v: v >= 0, "0 (gradient_accumulation_steps) or more"),
+            ('checkpoint_interval', lambda v: v >= -1, "-1 (never), 0 (at evaluations) or a number of steps"),
+            ('keep_checkpoints', lambda v: v >= 0, "0 (none) or more"),
+            ('ckpt_every_tokens', lambda v: v >= 0, "0 (off) or more"),
+            ('hellaswag_interval', lambda v: v >= 0, "0 (off) or more"),
+            ('sample_interval', lambda v: v >= 0, "0 (off) or more"),
+            ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
+            ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
+            ('muon_lr', lambda v: v >= 0, "0 (AdamW alone) or more"), ('muon_momentum', *FRACTION),
+            ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED)], c)
 
 
 def check_sample(c):
     """sample.py's settings."""
     _check([('num_samples', lambda v: v > 0, "positive"), ('max_new_tokens', lambda v: v > 0, "positive"),
             ('temperature', lambda v: v >= 0, "0 (greedy) or more"),
-            ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('top_p', *NUCLEUS)], c)
+            ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('top_p', *NUCLEUS), ('seed', *SEED)], c)
+
+
+def check_bench(c):
+    """bench.py's settings."""
+    for key in ('batch_sizes', 'gen_batch_sizes'):
+        if not all(b.strip().isdigit() and int(b) > 0 for b in c[key].split(',') if b.strip()):
+            raise UserError(f"{key}={c[key]!r} makes no sense: {key} must be positive integers separated by "
+                            f"commas (e.g. 12,32)")
+    _check([('block_size', *POSITIVE), ('n_layer', *POSITIVE), ('n_head', *POSITIVE), ('n_embd', *POSITIVE),
+            ('vocab_size', *POSITIVE), ('dropout', *FRACTION), ('learning_rate', *POSITIVE),
+            ('weight_decay', *NOT_NEGATIVE), ('grad_clip', lambda v: v >= 0, "0 (off) or more"),
+            ('warmup_steps', *NOT_NEGATIVE), ('timed_steps', *POSITIVE), ('gen_tokens', *POSITIVE),
+            ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('seed', *SEED),
+            ('activation_memory_budget', lambda v: 0 <= v <= 1, "between 0 and 1 (1: recompute nothing)"),
+            ('check_batch_size', lambda v: v >= 0, "0 (skip) or more"),
+            ('peak_flops', lambda v: v >= 0, "0 (from the table) or more")], c)
+
+
+def check_hellaswag(c):
+    """hellaswag.py's settings."""
+    _check([('limit', lambda v: v >= 0, "0 (all examples) or more"), ('batch_examples', *POSITIVE)], c)
+
+
+def check_dashboard(c):
+    """dashboard.py's settings."""
+    _check([('port', *PORT)], c)

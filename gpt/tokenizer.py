@@ -221,6 +221,8 @@ def folder_meta(init_from):
     known, and GPT-2's would index past its vocabulary."""
     if not os.path.isdir(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
+    from gpt.hf import check_folder  # here: gpt.hf imports this module
+    check_folder(init_from)  # a run's out_dir, or no transformers model at all: say that, not "no tokenizer"
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
         try:

@@ -17,6 +17,8 @@ import json
 import math
 import os
 
+from gpt.errors import UserError
+
 LOG_NAME = "log.jsonl"
 
 
@@ -102,6 +104,59 @@ def wandb_metrics(row):
         if k not in metrics and k != "kind" and v is not None:
             metrics[WANDB_NAMES.get(kind, {}).get(k, k)] = v
     return metrics
+
+
+WANDB_FIX = ("run `wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload "
+             "later with `wandb sync`")
+
+
+def check_wandb():
+    """Before a wandb_log run touches anything: wandb is installed, and it either logs offline (WANDB_MODE
+    offline or disabled, from the environment or `wandb offline`'s settings file) or has credentials
+    (WANDB_API_KEY, an identity token file, the API key in its settings or the .netrc entry `wandb login`
+    writes for its server). Reads what wandb.init would read; no network, nothing written. A UserError
+    naming the fix otherwise - not a traceback or a prompt after the model is built."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
+    settings = _wandb_settings(wandb)
+    mode = os.environ.get("WANDB_MODE") or getattr(settings, "mode", None) or "online"
+    if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE") \
+            or getattr(settings, "api_key", None):
+        return
+    base_url = os.environ.get("WANDB_BASE_URL") or getattr(settings, "base_url", None) or "https://api.wandb.ai"
+    if _netrc_has(base_url):
+        return
+    raise UserError(f"wandb_log=True, but wandb has no API key for {base_url}: {WANDB_FIX}")
+
+
+def _wandb_settings(wandb):
+    """wandb's settings as wandb.init reads them (environment and settings files), or None where this wandb
+    keeps them elsewhere."""
+    try:
+        from wandb.sdk import wandb_setup
+        return wandb_setup.singleton().settings
+    except Exception:  # another wandb version's layout: the environment alone then
+        return None
+
+
+def _netrc_has(base_url):
+    """Whether the .netrc wandb reads ($NETRC, else ~/.netrc or ~/_netrc) holds a login for base_url's host."""
+    import netrc
+    from urllib.parse import urlsplit
+    home = os.path.expanduser("~")
+    paths = [os.environ["NETRC"]] if os.environ.get("NETRC") else [os.path.join(home, ".netrc"),
+                                                                    os.path.join(home, "_netrc")]
+    for path in paths:
+        try:
+            if netrc.netrc(path).authenticators(urlsplit(base_url).netloc):
+                return True
+        except (OSError, netrc.NetrcParseError):
+            continue
+    return False
 
 
 def start_wandb(project, name, config, run_id=None):

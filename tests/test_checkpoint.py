@@ -281,3 +281,21 @@ def test_a_live_run_stops_rather_than_save_into_a_folder_another_run_claimed(dat
                                      f"host elsewhere, since 2026-01-01T00:00:00, run abc); this run stops") \
         and stderr.count("\n") == 1, stderr
     assert (out / "ckpt.pt").read_bytes() == b"the other run's" and (out / "run.lock").exists()
+
+
+def test_signal_stop_whose_save_fails_does_not_say_resume(data_dir, tmp_path):
+    """A signal stop whose checkpoint could not be written must not say "continue with --init_from=resume" as
+    if it had saved: it says so and names what there is to go back to (here: nothing of this run)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}",
+                             *flags(max_iters=100000, eval_interval=100000)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(out, 3, proc)
+    os.makedirs(out / "ckpt.pt")  # a folder where the checkpoint goes: its atomic rename fails
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert "error: could not save checkpoint" in stdout, stdout[-2000:]
+    (stopped,) = [line for line in stdout.splitlines() if line.startswith("stopped at iteration")]
+    assert "--init_from=resume (and" not in stopped and "not written" in stopped, stopped
+    assert "ckpt.pt was not written by this run" in stopped, stopped  # nothing good of this run to go back to

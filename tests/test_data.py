@@ -228,3 +228,42 @@ def test_list_shards(tmp_path):
                                                                                   "f_train_000002.bin"]
     assert [os.path.basename(p) for p in list_shards(str(tmp_path), "val")] == ["f_val_000000.bin"]
     assert list_shards(str(tmp_path / "missing"), "train") == []
+
+
+CHAR_META = {"tokenizer": "char", "vocab_size": 4, "dtype": "uint16", "itos": list("abcd")}
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(stoi={"a": 1, "b": 0, "c": 2, "d": 3}), "stoi is not the inverse of itos"),
+    (dict(itos=["a", "b", "c", "dd"]), "single characters"),
+    (dict(vocab_size=True), "positive integer vocab_size"),
+    (dict(vocab_size=70000, itos=[chr(i) for i in range(70000)]), "does not fit dtype uint16"),
+    (dict(tokenizer="hf", eot=99, tokenizer_json="{}"), "eot 99"),
+], ids=["stoi", "multi-char", "bool-vocab", "dtype-too-small", "hf-eot"])
+def test_meta_that_would_train_wrong_is_refused(tmp_path, change, words):
+    (tmp_path / "meta.json").write_text(json.dumps({**CHAR_META, **change}))
+    with pytest.raises(UserError, match="meta.json") as e:
+        read_meta(str(tmp_path))
+    assert words in str(e.value) and "prepare.py" in str(e.value)
+
+
+def test_good_char_meta_reads_back(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({**CHAR_META, "stoi": {c: i for i, c in enumerate("abcd")}}))
+    assert read_meta(str(tmp_path))["itos"] == list("abcd")
+
+
+def test_meta_pkl_with_a_gap_and_meta_json_folder_are_one_line(tmp_path):
+    import pickle
+    with open(tmp_path / "meta.pkl", "wb") as f:  # nanoGPT's layout, id 2 missing
+        pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}, f)
+    with pytest.raises(UserError, match="single characters"):
+        read_meta(str(tmp_path))
+    os.makedirs(tmp_path / "meta.json")
+    with pytest.raises(UserError, match="is a folder"):
+        read_meta(str(tmp_path))
+
+
+def test_a_shard_that_is_a_folder_is_one_line(tmp_path):
+    os.makedirs(tmp_path / "t_train_000001.bin")
+    with pytest.raises(UserError, match="is a folder"):
+        open_shard(str(tmp_path / "t_train_000001.bin"))

@@ -104,7 +104,7 @@ def test_the_plan_is_frozen_and_records_as_plain_data():
 
 
 def test_a_new_architecture_field_needs_no_change_to_resume_or_checkpoints(extra_architecture_field):
-    """(test_hf.py's test_a_new_architecture_field_is_refused_by_export: the same field, export's side)"""
+    """(test_hf.py's test_a_new_architecture_field_is_refused_on_export_...: the same field, export's side)"""
     name = extra_architecture_field
     assert name in plan.GPTConfig.fields_of(ARCHITECTURE)
     # resume refuses it when the user sets another value than the checkpoint's

@@ -62,6 +62,7 @@ def test_a_gpt2_folders_tokenizer_json_is_gpt2(tmp_path, gpt2_ranks_path):
     from gpt.hf import hf_tokenizer
     from gpt.tokenizer import Tokenizer
     hf_tokenizer(Tokenizer("gpt2"), 1024, 50257).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 50257}')  # a model folder's
     check_data_for_model(GPT2, str(tmp_path), None, "owt")
     check_data_for_model(None, str(tmp_path), None, "owt")
     with pytest.raises(UserError, match=f"--tokenizer={tmp_path}/tokenizer.json"):
