@@ -36,7 +36,8 @@ def check_train(c):
             ('beta1', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('beta2', lambda v: 0 <= v < 1, "at least 0 and below 1"),
             ('warmup_iters', lambda v: v >= 0, "0 or more"), ('max_nonfinite_steps', *positive),
-            ('keep_checkpoints', lambda v: v >= 0, "0 or more"), ('sample_top_p', *NUCLEUS)], c)
+            ('keep_checkpoints', lambda v: v >= 0, "0 or more"), ('sample_top_p', *NUCLEUS),
+            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)")], c)
 
 
 def check_sample(c):
