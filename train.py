@@ -295,6 +295,8 @@ while True:
         break
 
     step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
+    if local_iter_num == 0 and master_process:  # issue 23's startup: launch to the first training step
+        print(f"startup: first step at {step_start - _launch_time:.1f}s since launch")
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
     if step_graph is not None:

@@ -25,14 +25,20 @@ OPTIONS = dict(
     ddp_bucket_view=False,  # DDP's gradient_as_bucket_view: gradients are views into the buckets (less memory)
     ddp_static_graph=False,  # DDP's static_graph
     fsdp_reshard_after_forward=True,  # fsdp: False keeps gathered weights through a step: faster, more memory
+    # with compile: 'model' compiles the whole model (one graph, nanoGPT's); 'blocks' compiles each transformer
+    # block on its own (PyTorch's regional compilation): the blocks share their code, so dynamo traces and
+    # inductor compiles one block once and every block reuses it, a fraction of the cold start; embeddings,
+    # final norm, head and loss run eagerly. fsdp always compiles by block.
+    compile_scope='model',
 )
+COMPILE_SCOPES = ('model', 'blocks')
 
 
 def wrap_args(options):
     """wrap()'s keyword arguments from OPTIONS-style settings."""
     return dict(reduce_dtype=options['ddp_reduce_dtype'], bucket_mb=options['ddp_bucket_mb'],
                 bucket_view=options['ddp_bucket_view'], static_graph=options['ddp_static_graph'],
-                reshard_after_forward=options['fsdp_reshard_after_forward'])
+                reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'])
 
 
 def init_process(device, backend, timeout_minutes):
@@ -52,7 +58,7 @@ def init_process(device, backend, timeout_minutes):
 
 
 def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=25.0,
-         bucket_view=False, static_graph=False, reshard_after_forward=True):
+         bucket_view=False, static_graph=False, reshard_after_forward=True, compile_scope="model"):
     """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded.
 
     reduce_dtype: the dtype gradients are summed in over the GPUs, 'float32' (exact, the default) or
@@ -65,14 +71,21 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     FSDP2 only: reshard_after_forward, free each block's gathered weights after its forward and gather them
     again for the backward (least memory), or keep them gathered through the step's micro-steps and reshard
     after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
-    bf16 weights fit a GPU whole, as GPT-2 124M's do)."""
+    bf16 weights fit a GPU whole, as GPT-2 124M's do).
+    compile_scope: 'model' (torch.compile of the whole model) or 'blocks' (each block compiled in place, one
+    compiled code for all of them: see OPTIONS)."""
+    if compile_scope not in COMPILE_SCOPES:
+        raise UserError(f"unknown compile_scope '{compile_scope}': use {' or '.join(COMPILE_SCOPES)}")
     if reduce_dtype not in ("float32", "bfloat16"):
         raise UserError(f"unknown ddp_reduce_dtype '{reduce_dtype}': use float32 or bfloat16")
     if not bucket_mb > 0 or (compile and parallelism == "ddp" and bucket_mb < 1):
         raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
                         f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
     if parallelism == "ddp":
-        if compile:
+        if compile and compile_scope == "blocks":
+            print(f"compiling one transformer block, reused by all {len(model.transformer.h)}...")
+            compile_blocks(model)
+        elif compile:
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
         if not (dist.is_available() and dist.is_initialized()):
@@ -102,6 +115,15 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     model.keep_gathered_while_accumulating = not reshard_after_forward  # read by set_gradient_sync
     return model
+
+
+def compile_blocks(model):
+    """Regional compilation: each block compiled in place (Module.compile, so parameter names and the
+    state dict stay as they are). The blocks are one class with one forward, and dynamo's guards do not
+    tie the code to one block's weights (torch inlines nn.Modules, their parameters are inputs), so the
+    first block's trace and inductor's kernels serve every block."""
+    for block in model.transformer.h:
+        block.compile()
 
 
 def bf16_allreduce_hook(group, bucket):

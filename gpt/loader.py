@@ -2,9 +2,14 @@
 Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data.py).
 
 RandomWindows is nanoGPT's sampler: each batch is batch_size windows of block_size+1 tokens at random
-offsets. The offsets of batch n on a rank come from a random generator seeded with (seed, stream, rank, n),
-so the sampler's whole state is the number of batches drawn: the same on every rank, a plain int in the
-checkpoint, and a resumed run draws exactly the batches an uninterrupted one would have.
+offsets. The offsets come from a random generator seeded with (seed, stream, 0, i), where i numbers the
+micro-batches of all ranks together: batch n of rank r is i = n * world_size + r. So the micro-batches of
+one optimizer step are the same windows whatever the number of processes: one GPU with 2 accumulation
+steps reads batches 2k and 2k+1 at step k, two GPUs with 1 each read them too, one each (issue 23: the
+same global batch gives the same curve, not merely a statistically equal one). One process reads batch n
+as i = n, as it always did. The sampler's whole state is the number of batches a rank has drawn (the
+same on every rank) and the world size it counted in: a plain int in the checkpoint, and a resumed run
+draws exactly the batches an uninterrupted one would have.
 
 SequentialShards is build-nanogpt's loader over token shards (data.open_shard: llm.c-style .bin shards or
 build-nanogpt's own .npy ones, found by data.list_shards in the same folder): it walks the shards in
@@ -52,21 +57,27 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
     if shards:
         return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
     path = check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint)
-    return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size)
+    return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size, world_size)
 
 
 class RandomWindows:
 
-    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None):
+    def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
+                 world_size=1):
         self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
         self.device, self.dtype = torch.device(device), dtype
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
-        self.batches = 0  # batches drawn so far
+        self.world_size = world_size
+        self.batches = 0  # batches this rank has drawn so far
+
+    def index(self, n):
+        """The number of this rank's batch n among the micro-batches of all ranks (see the module's docstring)."""
+        return n * self.world_size + self.rank
 
     def next_batch(self):
         # re-create the memmap every batch: a long-lived one keeps growing the process's memory
         data = open_tokens(self.path, self.dtype)
-        rng = np.random.default_rng([self.seed, self.stream, self.rank, self.batches])
+        rng = np.random.default_rng([self.seed, self.stream, 0, self.index(self.batches)])
         self.batches += 1
         ix = rng.integers(0, len(data) - self.block_size, size=self.batch_size).tolist()
         xy = np.stack([data[i:i + self.block_size + 1].astype(np.int64) for i in ix])
@@ -80,10 +91,13 @@ class RandomWindows:
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
-        return {"batches": max(self.batches - 1, 0)}
+        return {"batches": max(self.batches - 1, 0), "world_size": self.world_size}
 
     def load_state_dict(self, state):
-        self.batches = state["batches"]
+        # a run resumed on another number of processes goes on after the micro-batches the saved one drew
+        # (an older checkpoint has no world_size: taken as this run's)
+        saved = state.get("world_size", self.world_size)
+        self.batches = state["batches"] if saved == self.world_size else -(-state["batches"] * saved // self.world_size)
 
 
 class SequentialShards:

@@ -15,15 +15,23 @@ GPT-2 124M 1.6 TFLOP a step, a few ms on an H100 against a step of ~130 ms, prov
 matmuls, not hundreds of small launches: matrices of one shape (all the blocks' q, k, v and attention
 projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch.
 
-Under DDP every rank orthogonalizes every matrix itself: the gradients are the same on every rank after
-DDP's all-reduce, and so is the momentum, so every rank computes the same update with no communication.
-Sharding the matrices over ranks and all-gathering the updates would save (world_size - 1) / world_size of
-those few ms at the price of a collective and its bookkeeping; not worth it at a few percent of a step.
+Under DDP the orthogonalization is shared (issue 23; muon_shard=True, the default): the gradients are the
+same on every rank after DDP's all-reduce, and so is the momentum, so every rank could compute every update
+itself; instead the matrices of each shape are cut into world_size equal runs (the same shape, so the same
+FLOPs: a balanced split of every bucket, not whole buckets per rank, which for GPT-2's two shapes would give
+one rank 60% of the work), each rank iterates its own run, and all_gather_into_tensor (bf16, one per shape,
+all launched before any is waited for) hands every rank the whole stack. Each rank then applies every
+update, so the weights stay the same everywhere. It saves (world_size - 1) / world_size of the iteration
+for one all-gather of the updates (bf16: half the bytes of the gradients' all-reduce). Its results equal
+the unshared iteration's up to the batched matmul's rounding (tests/test_muon.py, two gloo ranks). One
+process (and muon_shard=False) keeps the unshared path as it was. The CUDA graph (gpt/stepgraph.py) is one
+GPU only, so a captured step never meets the collective.
 FSDP shards the matrices themselves, so that Muon would need to gather them: refused (see configure()).
 """
 import math
 
 import torch
+import torch.distributed as dist
 
 from gpt.errors import UserError
 
@@ -36,6 +44,7 @@ OPTIONS = dict(
     muon_lr=0.0,  # > 0: Muon for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
     muon_momentum=0.95,  # Nesterov momentum, as modded-nanogpt
     muon_weight_decay=0.0,  # decoupled weight decay of the Muon matrices
+    muon_shard=True,  # under DDP each rank orthogonalizes its share of the matrices, then all-gathers
 )
 
 
@@ -64,7 +73,7 @@ class MuonAdamW(torch.optim.Optimizer):
     'splits' (row counts) cut a fused matrix into the matrices it stands for (c_attn: q, k and v), each
     orthogonalized on its own, as modded-nanogpt's separate q, k, v weights are."""
 
-    def __init__(self, muon_groups, adamw_groups, momentum=0.95, nesterov=True, ns_steps=5, fused=None,
+    def __init__(self, muon_groups, adamw_groups, momentum=0.95, nesterov=True, ns_steps=5, fused=None, shard=True,
                  **adamw_args):
         adamw = torch.optim.AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
         for group in muon_groups:
@@ -76,6 +85,7 @@ class MuonAdamW(torch.optim.Optimizer):
             group['muon'] = False
         super().__init__(adamw.param_groups + muon_groups, {})
         self._adamw = adamw
+        self.shard = shard  # share the orthogonalization over the ranks of a process group, when there is one
         self._link()
 
     def _link(self):
@@ -121,10 +131,15 @@ class MuonAdamW(torch.optim.Optimizer):
                     key = tuple(sorted(piece.shape))
                     buckets.setdefault(key, []).append((p, group, start, piece))
                     start += rows
-        for items in buckets.values():
-            # one batched iteration per shape; tall pieces transposed to the wide orientation to join it
-            stacked = torch.stack([piece if piece.size(0) <= piece.size(1) else piece.mT for *_, piece in items])
-            out = orthogonalize(stacked, items[0][1]['ns_steps'])
+        # one batched iteration per shape; tall pieces transposed to the wide orientation to join it. Under
+        # DDP each rank iterates its share of every shape and all-gathers the rest (launched for every
+        # shape before any is waited for)
+        steps = [(items, self._orthogonalize_shared(
+            torch.stack([piece if piece.size(0) <= piece.size(1) else piece.mT for *_, piece in items]),
+            items[0][1]['ns_steps'])) for items in buckets.values()]
+        for items, (out, work) in steps:
+            if work is not None:
+                work.wait()
             for (p, group, start, piece), o in zip(items, out):
                 o = o if piece.size(0) <= piece.size(1) else o.mT
                 lr = group['lr'] * group['lr_scale']
@@ -139,9 +154,26 @@ class MuonAdamW(torch.optim.Optimizer):
                 else:
                     target.add_(o.to(p.dtype), alpha=-lr * scale)
 
+    def _orthogonalize_shared(self, stacked, steps):
+        """orthogonalize(stacked) as (result, pending all-gather or None). Alone (or with shard=False): all
+        of it here. Under DDP: the k matrices of one shape cut into world_size runs of ceil(k / world_size),
+        this rank iterating its own (the last runs padded with zeros, whose result is zero), the results
+        all-gathered into the whole stack, every rank then holding the same updates."""
+        if not (self.shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return orthogonalize(stacked, steps), None
+        world, rank, k = dist.get_world_size(), dist.get_rank(), stacked.size(0)
+        per = -(-k // world)
+        mine = stacked[rank * per:(rank + 1) * per]
+        if len(mine) < per:  # every rank sends as many
+            mine = torch.cat([mine, mine.new_zeros((per - len(mine), *mine.shape[1:]))])
+        part = orthogonalize(mine, steps).contiguous()
+        out = part.new_empty((per * world, *part.shape[1:]))
+        work = dist.all_gather_into_tensor(out, part, async_op=True)
+        return out[:k], work
+
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
-              momentum, device_type, parallelism='ddp'):
+              momentum, device_type, parallelism='ddp', shard=True):
     """The optimizer train.py uses with muon_lr > 0. muon_params: [(weight, splits or None)], the blocks'
     matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not)."""
     if parallelism == 'fsdp':
@@ -164,4 +196,4 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
     print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
           f"tensors, {n_adamw:,} parameters, lr {learning_rate}")
     return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, lr=learning_rate, betas=betas,
-                     fused=device_type == 'cuda' or None)
+                     fused=device_type == 'cuda' or None, shard=shard)

@@ -60,7 +60,8 @@ def check_train(c):
             ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
             ('muon_lr', lambda v: v >= 0, "0 (AdamW alone) or more"), ('muon_momentum', *FRACTION),
-            ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED)], c)
+            ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
+            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)")], c)
 
 
 def check_sample(c):

@@ -11,7 +11,9 @@ The time-to-quality comparison of issue 18 (docs/speedrun.md), on one GPU machin
 4. every saved checkpoint scored by one pass over the whole of val.bin (gpt/evaluation.py's
    full_split_loss: every token once, in order); nanoGPT's last checkpoint's score is the target;
 5. --out/speedrun.md (card, torch, commit, seeds, time and tokens to the target) and --out/speedrun.png
-   (val loss against seconds since launch, both trainers).
+   (val loss against seconds since launch, both trainers). With --nproc=N this project's runs go under
+   torchrun on N GPUs, their files named -Ngpu (seed1337-2gpu/, speedrun-2gpu.md, ...) beside a one-GPU
+   call's in the same --out.
 
 Times are seconds since each process was launched (the moment its stdout line reached this script, which
 runs it unbuffered), so start-up, compilation and evaluations all count.
@@ -32,10 +34,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-EVAL_LINE = re.compile(r"step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
+EVAL_LINE = re.compile(r"(?:\[rank\d+\]: )?step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
 
 
-def run_timestamped(cmd, cwd, log_path, env=None, echo=True):
+def run_timestamped(cmd, cwd, log_path, env=None):
     """Run cmd, echoing its output; every line is stored with the seconds since launch at which it arrived
     (log_path, JSON lines). Returns [(seconds, line)]. Fails with the output's tail if cmd fails."""
     env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -49,8 +51,7 @@ def run_timestamped(cmd, cwd, log_path, env=None, echo=True):
             line = line.rstrip("\n")
             lines.append((t, line))
             log.write(json.dumps({"t": round(t, 3), "line": line}) + "\n")
-            if echo:
-                print(f"[{t:7.1f}s] {line}", flush=True)
+            print(f"[{t:7.1f}s] {line}", flush=True)
     if proc.wait():
         tail = "\n".join(line for _, line in lines[-20:])
         raise SystemExit(f"error: {' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
@@ -169,6 +170,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip_nanogpt", action="store_true", help="reuse --out's nanoGPT run")
     p.add_argument("--extra", default="", help="more --key=value settings for this project's runs")
+    p.add_argument("--nproc", type=int, default=1, help="N > 1: this project's runs under torchrun on N GPUs "
+                   "(the same global batch: gradient_accumulation_steps is shared by the processes)")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
@@ -195,32 +198,35 @@ def main(argv=None):
     reference = curve(nano_evals, [(step, tokens, target)])[0]
 
     extra = a.extra.split()
+    trainer = [sys.executable, "train.py"] if a.nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "train.py"]
+    tag = "" if a.nproc == 1 else f"-{a.nproc}gpu"  # a torchrun call's files beside the one-GPU call's
     runs, evals = {}, {}
     for seed in [int(s) for s in a.seeds.split(",")]:
-        run = os.path.join(out, f"seed{seed}")
+        run = os.path.join(out, f"seed{seed}{tag}")
         shutil.rmtree(run, ignore_errors=True)
-        lines = run_timestamped([sys.executable, "train.py", a.config, f"--seed={seed}", f"--out_dir={run}", *extra],
-                                ROOT, os.path.join(out, f"seed{seed}.jsonl"))
+        lines = run_timestamped([*trainer, a.config, f"--seed={seed}", f"--out_dir={run}", *extra],
+                                ROOT, os.path.join(out, f"seed{seed}{tag}.jsonl"))
         evals[seed] = parse_evals(lines)
         runs[seed] = curve(evals[seed], [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))])
     curve_points = None
     if a.curve:
-        run = os.path.join(out, "curve")
+        run = os.path.join(out, f"curve{tag}")
         shutil.rmtree(run, ignore_errors=True)
         seed = int(a.seeds.split(",")[0])
-        lines = run_timestamped([sys.executable, "train.py", a.config, f"--seed={seed}", f"--out_dir={run}",
+        lines = run_timestamped([*trainer, a.config, f"--seed={seed}", f"--out_dir={run}",
                                  f"--ckpt_every_tokens={a.curve_tokens}", *extra], ROOT,
-                                os.path.join(out, "curve.jsonl"))
+                                os.path.join(out, f"curve{tag}.jsonl"))
         scores = [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))]
         curve_points = curve(parse_evals(lines), scores)
 
-    table = write_table(os.path.join(out, "speedrun.md"), environment(), target, reference, runs)
-    plot(os.path.join(out, "speedrun.png"), nano_evals, reference, target, runs, curve_points)
-    with open(os.path.join(out, "speedrun.json"), "w") as f:
+    table = write_table(os.path.join(out, f"speedrun{tag}.md"), environment(), target, reference, runs)
+    plot(os.path.join(out, f"speedrun{tag}.png"), nano_evals, reference, target, runs, curve_points)
+    with open(os.path.join(out, f"speedrun{tag}.json"), "w") as f:
         json.dump(dict(target=target, reference=reference, runs=runs, curve=curve_points, nanogpt_evals=nano_evals,
                        evals=evals, env=environment()), f, indent=1)
     print(table)
-    print(f"wrote {out}/speedrun.md, speedrun.png, speedrun.json")
+    print(f"wrote {out}/speedrun{tag}.md, speedrun{tag}.png, speedrun{tag}.json")
 
 
 if __name__ == "__main__":

@@ -1,44 +1,61 @@
 #!/usr/bin/env python3
 """
-Where a run's start-up goes (issue 23: launch to the first training step): runs train.py with the given
-arguments, timestamps every line of its output from launch, and prints the first time each stage shows up,
-then the import time of the heaviest modules (python -X importtime).
+Where the time goes between launch and the first training step (issue 23, docs/speedrun.md's startup table):
+each piece timed in a fresh process, then train.py itself, whose `startup: first step at X s since launch`
+line is the total.
 
-    python scripts/startup.py config/speedrun_gcide.py --max_iters=3 --out_dir=/tmp/startup
+    python scripts/startup.py config/speedrun_gcide.py                  # on a GPU machine, data/gcide ready
+    python scripts/startup.py config/speedrun_gcide.py --device=cpu     # the CPU numbers of the table
 """
 import os
 import re
+import subprocess
 import sys
-import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from scripts.speedrun import run_timestamped  # noqa: E402
 
-STAGES = [("config parsed", r"^config "), ("data found", r"^data: "), ("model building", r"^(Initializing|Resuming)"),
-          ("step 0 evaluated", r"^step 0:"), ("first step done", r"^iter 0:"), ("second step done", r"^iter 1:")]
+PIECES = [  # (what, code timed after its setup, setup)
+    ("import torch", "import torch", ""),
+    ("import torch._dynamo (torch.optim's first optimizer imports it)", "import torch._dynamo", "import torch"),
+    ("import train.py's other modules", "import configurator, model; from gpt import checkpoint, distributed, "
+     "hardware, muon, rundir, schedule, settings, stepgraph, data, evaluation, loader, tokenizer, trainlog",
+     "import torch"),
+    ("build the model on the CPU (its init), config's shape",
+     "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
+]
 
 
-def main(args):
-    with tempfile.TemporaryDirectory() as tmp:
-        lines = run_timestamped([sys.executable, "-X", "importtime", "train.py", *args], ROOT,
-                                os.path.join(tmp, "lines.jsonl"), echo=False)
-    for t, line in lines:
-        if not line.startswith("import time:"):
-            print(f"[{t:6.2f}s] {line}")
-    print("\nstage                  seconds since launch")
-    for name, pattern in STAGES:
-        t = next((t for t, line in lines if re.search(pattern, line)), None)
-        print(f"{name:22s} {'-' if t is None else f'{t:6.2f}'}")
-    # python -X importtime writes to stderr, which run_timestamped merged: cumulative microseconds per module
-    imports = []
-    for _, line in lines:
-        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)", line)
-        if m and len(m.group(2)) <= 2:  # top-level imports (and their first level)
-            imports.append((int(m.group(1)) / 1e6, m.group(3)))
-    print("\nheaviest top-level imports (s, cumulative)")
-    for seconds, name in sorted(imports, reverse=True)[:15]:
-        print(f"{seconds:7.3f}  {name}")
+def timed(code, setup):
+    script = f"{setup}\nimport time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def main(argv):
+    config, flags = argv[0], argv[1:]
+    env = {}
+    exec(open(config).read(), env)
+    shape = {k: env[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias") if k in env}
+    shape.update({k: env[k] for k in ("qk_norm", "zero_init_proj", "tie_embeddings") if k in env})
+    shape["vocab_size"] = 50304
+    rows = []
+    for what, code, setup in PIECES:
+        rows.append((what, timed(code, f"{setup}\nshape = {shape!r}")))
+    t = time.time()
+    out = subprocess.run([sys.executable, "train.py", config, "--max_iters=1", "--eval_interval=1000",
+                          "--checkpoint_interval=-1", "--out_dir=out-startup", *flags], cwd=ROOT,
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"error: train.py failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    m = re.search(r"startup: first step at ([0-9.]+)s", out.stdout)
+    step0 = re.search(r"step 0: .*?([0-9.]+)s since launch", out.stdout)
+    rows.append(("train.py: launch to the step-0 evaluation's line", float(step0.group(1))))
+    rows.append(("train.py: launch to the first training step (`startup:` line)", float(m.group(1))))
+    rows.append(("the whole process, launch to exit (1 step)", time.time() - t))
+    print("| piece | seconds |\n| --- | --- |")
+    for what, s in rows:
+        print(f"| {what} | {s:.2f} |")
 
 
 if __name__ == "__main__":

@@ -121,3 +121,39 @@ def test_uint16_shards(tmp_path):
     loader = SequentialShards([path], B, T, "cpu")
     x, y = loader.next_batch()
     assert x.dtype == torch.int64 and x.flatten().tolist() == list(range(B * T))
+
+
+def windows(path, world_size, rank, n, seed=3):
+    from gpt.loader import RandomWindows
+    loader = RandomWindows(str(path), B, T, "cpu", "uint32", seed, rank, 0, None, world_size)
+    return [loader.next_batch()[0] for _ in range(n)]
+
+
+def test_random_windows_are_the_same_micro_batches_on_any_number_of_ranks(tmp_path):
+    # issue 23: one process with 2 accumulation steps and two ranks with 1 each must train on the same windows
+    path = tmp_path / "train.bin"
+    np.arange(5000, dtype=np.uint32).tofile(path)
+    one = windows(path, 1, 0, 6)
+    ranks = [windows(path, 2, r, 3) for r in (0, 1)]
+    for n in range(3):
+        assert torch.equal(ranks[0][n], one[2 * n]) and torch.equal(ranks[1][n], one[2 * n + 1])
+    assert not torch.equal(ranks[0][0], ranks[1][0])  # and the two ranks never read the same windows
+
+
+def test_random_windows_resume_on_another_number_of_ranks(tmp_path):
+    from gpt.loader import RandomWindows
+    path = tmp_path / "train.bin"
+    np.arange(5000, dtype=np.uint32).tofile(path)
+    one = windows(path, 1, 0, 8)
+    saved = RandomWindows(str(path), B, T, "cpu", "uint32", 3, 0, 0, None, 1)
+    for _ in range(5):  # 4 micro-batches used, the 5th fetched and not yet used (as train.py holds one)
+        saved.next_batch()
+    state = saved.state_dict()
+    assert state == {"batches": 4, "world_size": 1}
+    resumed = [RandomWindows(str(path), B, T, "cpu", "uint32", 3, r, 0, None, 2) for r in (0, 1)]
+    for r in resumed:
+        r.load_state_dict(state)
+    # two ranks go on with micro-batches 4 and 5, then 6 and 7
+    for n in range(2):
+        assert torch.equal(resumed[0].next_batch()[0], one[4 + 2 * n])
+        assert torch.equal(resumed[1].next_batch()[0], one[5 + 2 * n])

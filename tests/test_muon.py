@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+from conftest import ROOT, run
 from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 from test_stepgraph import B, Scaled, T, V, batches, fake_capture, plain_step
 
@@ -214,3 +215,48 @@ def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
     assert ckpt["model_args"]["qk_norm"] is True and "zero_init_proj" not in ckpt["model_args"]
     assert any(g["muon"] for g in ckpt["optimizer"]["param_groups"])
     assert a[-1]["loss"] < a[0]["loss"]
+
+
+SHARED_NS = '''
+import sys
+import torch
+import torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from gpt import muon
+from model import GPT, GPTConfig
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+iterated = []  # matrices this rank orthogonalizes
+fast = muon.orthogonalize
+muon.orthogonalize = lambda G, steps: iterated.append(G.size(0)) or fast(G, steps)
+out = {}
+for shard in (False, True):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=4, n_embd=32, block_size=8, vocab_size=40, dropout=0.0, bias=False))
+    opt = muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.01,
+                         (0.9, 0.95), 0.95, "cpu", shard=shard)
+    iterated.clear()
+    g = torch.Generator().manual_seed(1)  # the same gradients on both ranks, as after DDP's all-reduce
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    out[shard] = dict(params={k: v.clone() for k, v in model.state_dict().items()}, iterated=sum(iterated))
+torch.save(out, sys.argv[2] + f"/rank{rank}.pt")
+dist.destroy_process_group()
+'''
+
+
+def test_orthogonalization_shared_over_ranks_gives_the_unshared_weights(tmp_path):
+    # issue 23: under DDP each rank iterates its share of the matrices and all-gathers the rest
+    script = tmp_path / "shared_ns.py"
+    script.write_text(SHARED_NS)
+    run(script, ROOT, tmp_path, nproc=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    # 3 blocks: 9 (32 x 32) pieces (q, k, v) + 3 attention projections = 12, and 6 MLP matrices (32 x 128):
+    # all 18 a step on one rank unshared, 6 + 3 on each rank shared
+    assert [r[False]["iterated"] for r in ranks] == [3 * 18] * 2
+    assert [r[True]["iterated"] for r in ranks] == [3 * 9] * 2
+    for k, unshared in ranks[0][False]["params"].items():
+        for r in ranks:  # the same weights on both ranks as without sharing (bf16 iteration: its rounding)
+            torch.testing.assert_close(r[True]["params"][k], unshared, rtol=0, atol=1e-6)
