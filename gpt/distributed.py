@@ -101,7 +101,11 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
         raise UserError(f"unknown parallelism '{parallelism}': use ddp or fsdp")
     if not (dist.is_available() and dist.is_initialized()):
         raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # the mesh of this run's device type: FSDP's default mesh is CUDA's whenever a GPU is present, so a CPU run
+    # (gloo) on a machine with fewer GPUs than ranks would ask for a GPU per rank
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     # compute in the run's dtype; reduce gradients in float32 by default, as DDP does (bf16 sums of many
     # ranks lose bits)
     param_dtype = getattr(torch, dtype) if dtype != "float32" else None
@@ -109,10 +113,10 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     for block in model.transformer.h:
         if compile:
             block.compile()  # in place, per block: keeps parameter names and the FSDP units intact
-        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     # embeddings, final norm and the (tied) head; the root's weights are needed again first in the backward
     # pass (the head), so FSDP2 keeps them gathered whatever reshard_after_forward says
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     model.keep_gathered_while_accumulating = not reshard_after_forward  # read by set_gradient_sync
     return model
 

@@ -185,7 +185,7 @@ CASES = [
      lambda tmp, s: ["--init_from=resume", f"--out_dir={opcode_checkpoint(tmp, s)}"],
      ["ckpt.pt", "unsafe", "Unsupported operand", "could run code"]),
     ("out_dir_not_writable", "train.py", lambda tmp, s: [f"--out_dir={not_writable(tmp)}"],
-     ["out_dir", os.path.join("afile", "sub"), "not writable"]),
+     ["out_dir", os.path.join("afile", "sub"), "cannot be made", "is a file, not a folder"]),
     ("missing_config_file", "train.py", lambda tmp, s: ["config/no_such_config.py"], ["no_such_config.py"]),
     ("sample_unknown_init_from", "sample.py", lambda tmp, s: ["--init_from=gtp2"], ["init_from", "gtp2"]),
     ("sample_truncated_checkpoint", "sample.py", lambda tmp, s: [f"--out_dir={s.truncated_checkpoint()}"],
