@@ -170,6 +170,10 @@ def main(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip_nanogpt", action="store_true", help="reuse --out's nanoGPT run")
     p.add_argument("--extra", default="", help="more --key=value settings for this project's runs")
+    p.add_argument("--nanogpt_extra", default="", help="more --key=value settings for nanoGPT's run (e.g. "
+                   "--compile=False: eager is the faster nanoGPT in a run this short)")
+    p.add_argument("--tag", default="", help="a name for this call's runs, so that several recipes (--config, "
+                   "--extra) share one nanoGPT run in --out (with --skip_nanogpt)")
     p.add_argument("--nproc", type=int, default=1, help="N > 1: this project's runs under torchrun on N GPUs "
                    "(the same global batch: gradient_accumulation_steps is shared by the processes)")
     a = p.parse_args(argv)
@@ -190,8 +194,8 @@ def main(argv=None):
         for f in ("train.py", "model.py", "configurator.py"):
             shutil.copy(os.path.join(a.anchor, f), nano)
         os.symlink(data, os.path.join(nano, "data", "gcide"))
-        run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out"],
-                        nano, os.path.join(out, "nanogpt.jsonl"))
+        run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out",
+                         *a.nanogpt_extra.split()], nano, os.path.join(out, "nanogpt.jsonl"))
     nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, "nanogpt.jsonl")))]
     nano_evals = parse_evals(nano_lines)
     step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
@@ -200,7 +204,8 @@ def main(argv=None):
     extra = a.extra.split()
     trainer = [sys.executable, "train.py"] if a.nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "train.py"]
-    tag = "" if a.nproc == 1 else f"-{a.nproc}gpu"  # a torchrun call's files beside the one-GPU call's
+    # a torchrun call's files beside the one-GPU call's, a tagged recipe's beside the others
+    tag = (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
     runs, evals = {}, {}
     for seed in [int(s) for s in a.seeds.split(",")]:
         run = os.path.join(out, f"seed{seed}{tag}")
