@@ -172,6 +172,9 @@ def main(argv=None):
     p.add_argument("--extra", default="", help="more --key=value settings for this project's runs")
     p.add_argument("--nanogpt_extra", default="", help="more --key=value settings for nanoGPT's run (e.g. "
                    "--compile=False: eager is the faster nanoGPT in a run this short)")
+    p.add_argument("--reference", default="", help="SECONDS,LOSS: nanoGPT's time and score measured elsewhere "
+                   "(another call), instead of running it here: for comparisons of this project's runs alone "
+                   "(e.g. one GPU against two), whose times are then not a ratio to a nanoGPT run of this machine")
     p.add_argument("--tag", default="", help="a name for this call's runs, so that several recipes (--config, "
                    "--extra) share one nanoGPT run in --out (with --skip_nanogpt)")
     p.add_argument("--nproc", type=int, default=1, help="N > 1: this project's runs under torchrun on N GPUs "
@@ -188,7 +191,10 @@ def main(argv=None):
     # nanoGPT: its three files in a scratch folder, which its train.py runs in (it reads ./configurator.py
     # and ./data/<dataset>/)
     nano = os.path.join(out, "nanogpt")
-    if not a.skip_nanogpt:
+    if a.reference:
+        seconds, target = map(float, a.reference.split(","))
+        nano_evals, reference = [], (seconds, 400, 400 * 65536, target)
+    elif not a.skip_nanogpt:
         shutil.rmtree(nano, ignore_errors=True)
         os.makedirs(os.path.join(nano, "data"))
         for f in ("train.py", "model.py", "configurator.py"):
@@ -196,10 +202,11 @@ def main(argv=None):
         os.symlink(data, os.path.join(nano, "data", "gcide"))
         run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out",
                          *a.nanogpt_extra.split()], nano, os.path.join(out, "nanogpt.jsonl"))
-    nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, "nanogpt.jsonl")))]
-    nano_evals = parse_evals(nano_lines)
-    step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
-    reference = curve(nano_evals, [(step, tokens, target)])[0]
+    if not a.reference:
+        nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, "nanogpt.jsonl")))]
+        nano_evals = parse_evals(nano_lines)
+        step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
+        reference = curve(nano_evals, [(step, tokens, target)])[0]
 
     extra = a.extra.split()
     trainer = [sys.executable, "train.py"] if a.nproc == 1 else \
