@@ -42,7 +42,8 @@ for _ in range(20):
     losses.append(loss.item())
 assert losses[-1] < losses[0], losses
 os.makedirs("out")
-assert checkpoint.save("out", net, opt, model_args=net.config.checkpoint_args(), iter_num=20, dataset_meta=meta)
+assert checkpoint.Saver("out").save(net, opt, model_args=net.config.checkpoint_args(), iter_num=20,
+                                   dataset_meta=meta)
 again, meta_again = checkpoint.load_model("resume", "out")
 x, _ = batches.next_batch()
 assert torch.equal(net.eval()(x)[0], again.eval()(x)[0]) and meta_again == meta
