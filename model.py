@@ -116,8 +116,10 @@ class GPTConfig:
     def value_table(self, layer):
         """The index of the value embedding table this layer mixes in, or None: table i serves layer i and
         layer n_layer - value_embeds + i (modded-nanogpt's 012...012 pattern), the middle layers none."""
-        n, first_of_last = self.value_embeds, self.n_layer - self.value_embeds
-        return layer if layer < n else layer - first_of_last if layer >= first_of_last else None
+        first_of_last = self.n_layer - self.value_embeds
+        if layer < self.value_embeds:
+            return layer
+        return layer - first_of_last if layer >= first_of_last else None
 
     @classmethod
     def fields_of(cls, kind):
