@@ -66,6 +66,15 @@ class GPTConfig:
     qk_norm: bool = architecture(False)  # RMSNorm (without a gain) on each head's queries and keys before attention
     mlp_act: str = architecture('gelu')  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
     logit_softcap: float = architecture(0.0)  # > 0: logits = cap * tanh(logits / cap), in training and generation
+    pos_emb: str = architecture('learned')  # gpt2's positions: 'learned' (GPT-2's wpe table) or 'rope' (rotary, as
+    #                                         llama: no table, rope_theta applies)
+    # value embeddings (modded-nanogpt, Dec 2024 records): value_embeds=N > 0 adds N token embedding tables, table i
+    # mixed into the attention values of layer i and of layer n_layer - N + i (the first N and last N layers; the
+    # records' 3 tables over 12 layers). Each such layer learns two scalars: v = l0 * v + l1 * table(token)
+    value_embeds: int = architecture(0)
+    # U-net skips (modded-nanogpt, Nov 2024 record): the output of each block j of the first half is added, times
+    # a learned scalar (initially 1), to the input of its mirror block n_layer - 1 - j
+    skip_connections: bool = architecture(False)
     # the residual projections (c_proj) start at zero instead of GPT-2's small normal init, so every block starts
     # as the identity
     zero_init_proj: bool = initialisation(False)
@@ -82,8 +91,14 @@ class GPTConfig:
         if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
             raise UserError(f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}, and n_head a "
                             f"multiple of n_kv_head={self.n_kv_head}")
-        if self.family == 'llama' and (self.n_embd // self.n_head) % 2:
+        if self.pos_emb not in ('learned', 'rope') or (self.pos_emb != 'learned' and self.family != 'gpt2'):
+            raise UserError(f"pos_emb='{self.pos_emb}' is not an option for family {self.family}: use learned or "
+                            f"rope (family gpt2; llama's positions are always rotary)")
+        if self.rotary and (self.n_embd // self.n_head) % 2:
             raise UserError(f"rotary embeddings need an even head size, not {self.n_embd // self.n_head}")
+        if not 0 <= self.value_embeds <= self.n_layer // 2:
+            raise UserError(f"value_embeds={self.value_embeds} must be 0 (off) or up to n_layer // 2 = "
+                            f"{self.n_layer // 2}: each table serves one of the first and one of the last layers")
         if self.mlp_act not in ('gelu', 'relu2') or (self.mlp_act != 'gelu' and self.family != 'gpt2'):
             raise UserError(f"mlp_act='{self.mlp_act}' is not an option for family {self.family}: use gelu or "
                             f"relu2 (family gpt2; llama's MLP is SwiGLU)")
@@ -92,6 +107,19 @@ class GPTConfig:
         if not self.mlp_hidden:
             # llama: 8/3 x n_embd (three matrices, as many weights as GPT-2's two of 4 x), up to a multiple of 64
             self.mlp_hidden = 4 * self.n_embd if self.family == 'gpt2' else -(-8 * self.n_embd // (3 * 64)) * 64
+
+    @property
+    def rotary(self):
+        """Whether positions are rotary embeddings of queries and keys (else GPT-2's learned table)."""
+        return self.family == 'llama' or self.pos_emb == 'rope'
+
+    def value_table(self, layer):
+        """The index of the value embedding table this layer mixes in, or None: table i serves layer i and
+        layer n_layer - value_embeds + i (modded-nanogpt's 012...012 pattern), the middle layers none."""
+        first_of_last = self.n_layer - self.value_embeds
+        if layer < self.value_embeds:
+            return layer
+        return layer - first_of_last if layer >= first_of_last else None
 
     @classmethod
     def fields_of(cls, kind):
@@ -226,12 +254,19 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        # with a value embedding table: the weights of this layer's own values and of the table's, modded-nanogpt's
+        # 0.5 and 0.5 to start. Layers without a table keep their values as they are (modded-nanogpt scales them
+        # by a learned scalar too, which c_attn's value rows can learn as well)
+        if config.value_table(layer_idx) is not None:
+            self.ve_lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
 
-    def forward(self, x, cache=None, rope=None):
+    def forward(self, x, cache=None, rope=None, ve=None):
         B, T, C = x.size()
         hs, kv_size = self.head_size, self.n_kv_head * self.head_size
         qkv = self.c_attn(x)
         q, k, v = qkv.split([C, kv_size, kv_size], dim=2)
+        if ve is not None:  # value embeddings: each token's vector from this layer's table, mixed into its value
+            v = self.ve_lambdas[0] * v + self.ve_lambdas[1] * ve
         # (B, T, nh * hs) -> (B, nh, T, hs)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
@@ -246,8 +281,9 @@ class CausalSelfAttention(nn.Module):
             # per call on an H100), so generation leaves it out
             kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
             # the new keys and values by position, (B, T, 2, n_kv_head, hs): without rotary embeddings (and
-            # QK-norm) a view of qkv, so the cache takes both in one copy
-            new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if rope is None and not self.qk_norm else
+            # QK-norm, value embeddings) a view of qkv, so the cache takes both in one copy
+            as_computed = rope is None and not self.qk_norm and ve is None
+            new = (qkv[..., C:].view(B, T, 2, self.n_kv_head, hs) if as_computed else
                    torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
             # a generation.KVCache: the keys of its whole capacity, and a mask of those each query may see
             k, v, mask = cache.update(self.layer_idx, new)
@@ -303,8 +339,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = SwiGLU(config) if config.family == 'llama' else MLP(config)
 
-    def forward(self, x, cache=None, rope=None):
-        x = x + self.attn(self.ln_1(x), cache, rope)
+    def forward(self, x, cache=None, rope=None, ve=None):
+        x = x + self.attn(self.ln_1(x), cache, rope, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -316,14 +352,22 @@ class GPT(nn.Module):
         assert config.vocab_size is not None
         assert config.block_size is not None
         self.config = config
+        kv_size = config.n_kv_head * (config.n_embd // config.n_head)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            # GPT-2 learns a table of positions; llama rotates queries and keys by position instead
-            **({} if config.family == 'llama' else {'wpe': nn.Embedding(config.block_size, config.n_embd)}),
+            # GPT-2 learns a table of positions; llama (and pos_emb='rope') rotates queries and keys instead
+            **({} if config.rotary else {'wpe': nn.Embedding(config.block_size, config.n_embd)}),
+            # value embeddings: one more table of tokens (of the values' width) per pair of layers that mix it.
+            # Initialised and trained (AdamW) as wte is, as in modded-nanogpt (where both start at N(0, 1) under
+            # Adam at 0.6; here both start at GPT-2's N(0, 0.02) under learning_rate)
+            **({'value_embeds': nn.ModuleList([nn.Embedding(config.vocab_size, kv_size)
+                                               for _ in range(config.value_embeds)])} if config.value_embeds else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=make_norm(config),
         ))
+        if config.skip_connections:  # U-net: the weight of each first-half block's output, modded-nanogpt's 1
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
@@ -338,11 +382,12 @@ class GPT(nn.Module):
 
     def get_num_params(self, non_embedding=True):
         """Number of parameters; by default without the embedding tables that are only looked up: the
-        position embeddings, and the token embeddings unless they are the lm_head's weights too."""
+        position and value embeddings, and the token embeddings unless they are the lm_head's weights too."""
         n_params = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            if 'wpe' in self.transformer:
-                n_params -= self.transformer.wpe.weight.numel()
+            for name in ('wpe', 'value_embeds'):
+                if name in self.transformer:
+                    n_params -= sum(p.numel() for p in self.transformer[name].parameters())
             if not self.config.tie_embeddings:
                 n_params -= self.transformer.wte.weight.numel()
         return n_params
@@ -373,8 +418,16 @@ class GPT(nn.Module):
         else:
             rope = rotary(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x, cache, rope)
+        tables = [table(idx) for table in self.transformer.value_embeds] if self.config.value_embeds else []
+        half = self.config.n_layer // 2 if self.config.skip_connections else 0
+        skips = []  # U-net: the outputs of the first `half` blocks, the last one on top
+        for i, block in enumerate(self.transformer.h):
+            if i >= self.config.n_layer - half:  # the second half's blocks take their mirror block's output
+                x = x + self.skip_weights[len(skips) - 1] * skips.pop()
+            j = self.config.value_table(i)
+            x = block(x, cache, rope, None if j is None else tables[j])
+            if i < half:
+                skips.append(x)
         if cache is not None:
             cache.pos += t
         x = self.transformer.ln_f(x)
@@ -423,7 +476,9 @@ class GPT(nn.Module):
 
     def hidden_matrices(self):
         """The blocks' weight matrices, each with the row counts of the matrices it fuses (c_attn: q, k, v;
-        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/muon.py)."""
+        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/muon.py). The rest is AdamW's: embeddings
+        (value embeddings too), the head, gains, biases and the learned scalars of value_embeds and
+        skip_connections, as in modded-nanogpt."""
         cfg = self.config
         kv = cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
         fc = [cfg.mlp_hidden] * 2 if cfg.family == 'llama' else None

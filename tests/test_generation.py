@@ -15,14 +15,24 @@ from gpt import generation, schedule
 from gpt.evaluation import draw_samples
 from model import GPT, GPTConfig
 
+# the model families, and gpt2 with the speedrun switches that change what the cache holds or how layers connect
+FAMILIES = ["gpt2", "llama", "gpt2-switches"]
+
 
 def tiny(family, **kw):
     cfg = dict(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=32, dropout=0.0, family=family)
     if family == "llama":  # with grouped-query attention
         cfg.update(n_kv_head=2, bias=False, tie_embeddings=False)
+    if family == "gpt2-switches":  # 4 layers: the first and last mix a value embedding, the middle two do not
+        cfg.update(family="gpt2", n_layer=4, pos_emb="rope", value_embeds=1, skip_connections=True, qk_norm=True)
     cfg.update(kw)
     torch.manual_seed(0)
-    return GPT(GPTConfig(**cfg)).eval()
+    model = GPT(GPTConfig(**cfg)).eval()
+    with torch.no_grad():  # the switches' scalars off their initial 0.5 and 1, so that a wrong one would show
+        for name, p in model.named_parameters():
+            if name.endswith(("ve_lambdas", "skip_weights")):
+                p.add_(torch.randn_like(p) * 0.5)
+    return model
 
 
 class FakeGraph(TorchDispatchMode):
@@ -68,7 +78,7 @@ def fake_graphs(monkeypatch):
     yield captures
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_step_logits_match_the_full_forward(family):
     model = tiny(family)
     idx = torch.randint(0, 101, (3, 12))
@@ -80,7 +90,7 @@ def test_step_logits_match_the_full_forward(family):
     assert dec.cache.pos.item() == 12
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_step_keeps_its_buffers_and_reads_nothing_back(family):
     model = tiny(family)
     dec = generation.Decoder(model.config.n_layer, 2, 32, "cpu", graphed=False)
@@ -98,7 +108,7 @@ def test_the_step_keeps_its_buffers_and_reads_nothing_back(family):
         assert meta.step(model, torch.zeros(2, 1, dtype=torch.long, device="meta")).shape == (2, 101)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("prompt_len", [1, 5, 31])
 def test_graph_path_greedy_matches_uncached(fake_graphs, family, prompt_len):
     model = tiny(family)
@@ -184,7 +194,7 @@ def test_progress_counts_every_new_token():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_graphs_match_uncached(family):
     model = tiny(family, n_embd=64).cuda().to(torch.bfloat16)
     idx = torch.randint(0, 101, (3, 5), device="cuda")

@@ -183,6 +183,19 @@ def test_every_unexportable_setting_is_named_in_one_line(tmp_path):
                                    "not compute them") and "\n" not in str(e.value)
 
 
+def test_the_token_efficiency_switches_are_refused_in_one_line():
+    """pos_emb='rope' on gpt2, value_embeds and skip_connections: transformers' GPT2LMHeadModel computes none of
+    them (and LlamaForCausalLM neither of the last two), so export names all three, as the checkpoint has them."""
+    for family in ("gpt2", "llama"):
+        rope = dict(pos_emb='rope') if family == 'gpt2' else {}
+        model = GPT(GPTConfig(family=family, n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=60, **rope,
+                              value_embeds=1, skip_connections=True))
+        with pytest.raises(UserError) as e:
+            hf.to_hf(model)
+        named = ("pos_emb='rope', " if rope else "") + "value_embeds=1, skip_connections=True"
+        assert str(e.value).startswith(f"cannot export {named}: transformers' GPT-2/Llama do not compute them")
+
+
 def test_initialisation_and_runtime_fields_are_not_exported(tmp_path):
     """How a run starts or runs the model (dropout, zero_init_proj, fused_loss, loss_chunk) is not what it
     computes: a model that sets them exports, and the folder's dropouts are zero."""

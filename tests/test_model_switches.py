@@ -1,6 +1,7 @@
 """
-model.py's speedrun switches (qk_norm, mlp_act='relu2', logit_softcap, zero_init_proj): each one's shapes,
-gradients reaching every parameter, what a checkpoint records and reloads, its export refusal, and that
+model.py's speedrun switches (qk_norm, mlp_act='relu2', logit_softcap, zero_init_proj, pos_emb='rope',
+value_embeds, skip_connections): each one's shapes, gradients reaching every parameter, what a checkpoint
+records and reloads, its export refusal, which optimizer takes its parameters, a train.py run resumed, and that
 generation with the KV cache still matches the uncached model.
 """
 import io
@@ -8,6 +9,7 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 
 from gpt.checkpoint import model_from_checkpoint
 from gpt.errors import UserError
@@ -16,7 +18,10 @@ from model import GPT, GPTConfig
 
 V, T = 64, 16
 SWITCHES = {'qk_norm': dict(qk_norm=True), 'relu2': dict(mlp_act='relu2'), 'softcap': dict(logit_softcap=5.0),
-            'zero_init_proj': dict(zero_init_proj=True), 'llama_qk_norm': dict(family='llama', qk_norm=True)}
+            'zero_init_proj': dict(zero_init_proj=True), 'llama_qk_norm': dict(family='llama', qk_norm=True),
+            'rope': dict(pos_emb='rope'), 'value_embeds': dict(value_embeds=1),
+            'skip_connections': dict(skip_connections=True),
+            'llama_value_embeds_skips': dict(family='llama', n_kv_head=1, value_embeds=1, skip_connections=True)}
 
 
 def tiny(seed=0, **kw):
@@ -124,7 +129,8 @@ def model_hidden(model, x):
     return h
 
 
-@pytest.mark.parametrize("switch", ['qk_norm', 'softcap', 'llama_qk_norm'])
+@pytest.mark.parametrize("switch", ['qk_norm', 'softcap', 'llama_qk_norm', 'rope', 'value_embeds', 'skip_connections',
+                                    'llama_value_embeds_skips'])
 def test_cached_generation_matches_uncached(switch):
     model = tiny(**SWITCHES[switch]).eval()
     prompt = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(3))
@@ -134,7 +140,9 @@ def test_cached_generation_matches_uncached(switch):
 
 
 @pytest.mark.parametrize("kw,name", [(dict(qk_norm=True), 'qk_norm'), (dict(mlp_act='relu2'), 'mlp_act'),
-                                     (dict(logit_softcap=30.0), 'logit_softcap')])
+                                     (dict(logit_softcap=30.0), 'logit_softcap'), (dict(pos_emb='rope'), 'pos_emb'),
+                                     (dict(value_embeds=1), 'value_embeds'),
+                                     (dict(skip_connections=True), 'skip_connections')])
 def test_export_refuses_what_transformers_cannot_compute(kw, name):
     with pytest.raises(UserError, match=f"cannot export {name}="):
         to_hf(tiny(**kw))
@@ -147,3 +155,115 @@ def test_bad_switch_values_are_user_errors():
         tiny(mlp_act='relu2', family='llama')
     with pytest.raises(UserError, match="logit_softcap"):
         tiny(logit_softcap=-1.0)
+    with pytest.raises(UserError, match="pos_emb='alibi' is not an option"):
+        tiny(pos_emb='alibi')
+    with pytest.raises(UserError, match="pos_emb='rope' is not an option for family llama"):
+        tiny(pos_emb='rope', family='llama')
+    with pytest.raises(UserError, match="rotary embeddings need an even head size"):
+        GPT(GPTConfig(n_layer=2, n_head=4, n_embd=36, pos_emb='rope'))
+    for n in (2, -1):  # 2 tables over 2 layers would serve layers 0, 1 as "first" and again as "last"
+        with pytest.raises(UserError, match=f"value_embeds={n} must be 0 .off. or up to n_layer // 2 = 1"):
+            tiny(value_embeds=n)
+
+
+
+def deep(seed=0, n_layer=5, **kw):
+    """Deeper than tiny(): with 5 layers the first and last two differ from the middle one."""
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=32, block_size=T, vocab_size=V, dropout=0.0, **kw))
+
+
+def perturb(model, *names):
+    """Move the named parameters off their initial values (0.5, 1): a test must see them used."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(names):
+                p.add_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def test_rope_positions_replace_the_learned_table():
+    model = deep(n_layer=1, pos_emb='rope').eval()
+    assert 'wpe' not in model.transformer and model.config.checkpoint_args()['pos_emb'] == 'rope'
+    x = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(0))
+    swapped = x[:, [1, 0, *range(2, 8)]]
+    with torch.no_grad():
+        # one layer's attention is a weighted sum over a set: without positions the last token cannot tell the
+        # order of the first two; rotated queries and keys can
+        assert not torch.allclose(model(x)[0], model(swapped)[0], atol=1e-6)
+        no_positions = deep(n_layer=1).eval()
+        no_positions.transformer.wpe.weight.zero_()
+        torch.testing.assert_close(no_positions(x)[0], no_positions(swapped)[0])
+
+
+def test_value_embeds_serve_the_first_and_last_layers():
+    cfg = GPTConfig(n_layer=5, n_head=4, n_kv_head=2, n_embd=32, family='llama', value_embeds=2)
+    assert [cfg.value_table(i) for i in range(5)] == [0, 1, None, 0, 1]  # modded-nanogpt's 012...012 pattern
+    assert [GPTConfig(n_layer=4).value_table(i) for i in range(4)] == [None] * 4
+    model = GPT(cfg)
+    # a table is as wide as the values (2 key/value heads of 8: 16), not the residual stream
+    assert [t.weight.shape for t in model.transformer.value_embeds] == [(cfg.vocab_size, 16)] * 2
+    assert [hasattr(b.attn, 've_lambdas') for b in model.transformer.h] == [True, True, False, True, True]
+    # lookup tables, like wpe: not in the parameters that cost FLOPs
+    assert model.get_num_params() == GPT(GPTConfig(**{**vars(cfg), 'value_embeds': 0})).get_num_params() + 4 * 2
+
+
+def test_value_embeds_mix_into_the_values():
+    model, plain = perturb(deep(value_embeds=2), 'value_embeds.0.weight').eval(), deep().eval()
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all('value_embeds' in k or 've_lambdas' in k for k in unexpected) and len(unexpected) == 6
+    x, _ = batch()
+    with torch.no_grad():
+        assert not torch.allclose(model(x)[0], plain(x)[0], atol=1e-4)
+        for block in model.transformer.h:  # the own values at weight 1, the tables' at 0: the plain model
+            if hasattr(block.attn, 've_lambdas'):
+                block.attn.ve_lambdas.copy_(torch.tensor([1.0, 0.0]))
+        torch.testing.assert_close(model(x)[0], plain(x)[0])
+
+
+def test_skip_connections_add_each_first_half_output_to_its_mirror_block():
+    model = perturb(deep(skip_connections=True), 'skip_weights').eval()
+    w, b = model.skip_weights, model.transformer.h
+    assert w.shape == (2,)  # 5 layers: blocks 0, 1 feed blocks 4, 3; the middle block 2 neither
+    x, _ = batch()
+    with torch.no_grad():
+        h0 = b[0](model.transformer.wte(x) + model.transformer.wpe(torch.arange(T)))
+        h1 = b[1](h0)
+        h2 = b[2](h1)
+        h3 = b[3](h2 + w[1] * h1)
+        h4 = b[4](h3 + w[0] * h0)
+        torch.testing.assert_close(model(x)[0], model.lm_head(model.transformer.ln_f(h4))[:, -1:])
+
+
+def test_muon_takes_only_the_blocks_matrices():
+    """The switches' tables and scalars are AdamW's, as modded-nanogpt's (embeddings and scalars under Adam)."""
+    model = deep(pos_emb='rope', value_embeds=2, skip_connections=True)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02)
+    groups = {id(p): g for g in opt.param_groups for p in g['params']}
+    for name, p in model.named_parameters():
+        if name.startswith('transformer.h.') and p.dim() == 2:
+            assert groups[id(p)].get('muon'), name
+        else:
+            assert not groups[id(p)].get('muon'), name
+            assert groups[id(p)]['weight_decay'] == (0.1 if p.dim() == 2 else 0.0), name  # tables decay, scalars not
+
+
+def test_train_py_resumes_a_run_with_the_switches(data_dir, tmp_path):  # noqa: F811
+    """train.py end to end: 8 steps at once, or 4 then a resume to 8, with Muon; the checkpoint records the
+    switches, and a resume that asks for another value of one is refused, naming it."""
+    args = ["--muon_lr=0.02", "--pos_emb=rope", "--value_embeds=1", "--skip_connections=True"]
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    train(data_dir, whole, *flags(max_iters=8, dropout=0.0), *args)
+    train(data_dir, halves, *flags(max_iters=4, dropout=0.0), *args)
+    ckpt = torch.load(halves / "ckpt.pt", weights_only=True)
+    assert {k: ckpt["model_args"][k] for k in ("pos_emb", "value_embeds", "skip_connections")} == dict(
+        pos_emb='rope', value_embeds=1, skip_connections=True)
+    assert "skip_weights" in ckpt["model"] and "transformer.value_embeds.0.weight" in ckpt["model"]
+    wrong = train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--muon_lr=0.02",
+                  "--skip_connections=False", check=False)
+    assert wrong.returncode == 2 and "skip_connections=False (model: True)" in wrong.stderr
+    train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--muon_lr=0.02")
+    a, b = log_rows(whole), log_rows(halves)
+    assert len(a) >= 8 and [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
+    assert wrong.stderr.strip().splitlines() == [next(line for line in wrong.stderr.splitlines()
+                                                      if line.startswith("error:"))]

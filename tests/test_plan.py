@@ -54,6 +54,8 @@ def test_a_resumed_model_is_the_checkpoints():
     (dict(n_layer=12), "n_layer=12 (model: 2)"),  # train.py's own default, given: still a request
     (dict(qk_norm=True, mlp_act='relu2'), "qk_norm=True (model: False), mlp_act='relu2' (model: 'gelu')"),
     (dict(logit_softcap=30.0), "logit_softcap=30.0 (model: 0.0)"),
+    (dict(pos_emb='rope', value_embeds=1, skip_connections=True),
+     "pos_emb='rope' (model: 'learned'), value_embeds=1 (model: 0), skip_connections=True (model: False)"),
     (dict(block_size=32), "block_size=32 (model: 64)"),  # a resumed model's positions are its own
     (dict(family='llama', n_head=4), "n_head=4 (model: 2), family='llama' (model: 'gpt2')"),
 ])
