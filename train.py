@@ -174,7 +174,8 @@ ctx = hardware.autocast(device_type, dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])
 # torch.optim imports torch._dynamo at the first optimizer (seconds): in the background while the model is
-# built, which imports nothing (gpt/startup.py); not while transformers loads GPT-2's weights
+# built, which imports nothing dynamo imports (gpt/startup.py; init_device='device': torch.utils._device, whose
+# own imports torch has made: no lock cycle); not while transformers loads GPT-2's weights
 optimizer_imports = startup.Preload('torch._dynamo') if run.init != 'pretrained' else None
 model = plan.build_model(run, source, seed)  # downloads GPT-2's weights for init_from=gpt2*
 if optimizer_imports:
