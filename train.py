@@ -23,7 +23,7 @@ import sys
 import torch
 
 import configurator
-from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
+from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, startup, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -103,6 +103,8 @@ dist_timeout_minutes = 10  # how long a collective waits for a missing rank befo
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
+init_device = 'cpu'  # where a new model's weights are drawn: 'cpu' (nanoGPT's for a seed, on any machine) or
+# 'device' (the run's: on a GPU milliseconds rather than seconds, but other weights for the same seed)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
@@ -171,7 +173,13 @@ torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on C
 ctx = hardware.autocast(device_type, dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])
+# torch.optim imports torch._dynamo at the first optimizer (seconds): in the background while the model is
+# built, which imports nothing dynamo imports (gpt/startup.py; init_device='device': torch.utils._device, whose
+# own imports torch has made: no lock cycle); not while transformers loads GPT-2's weights
+optimizer_imports = startup.Preload('torch._dynamo') if run.init != 'pretrained' else None
 model = plan.build_model(run, source, seed)  # downloads GPT-2's weights for init_from=gpt2*
+if optimizer_imports:
+    optimizer_imports.wait()
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
 model.to(device)
 

@@ -192,17 +192,14 @@ def refuse_ignored_initialisation(config, given, src):
 def build_model(plan, src, seed):
     """The plan's model: new (the same initial weights on every rank: FSDP has no broadcast), the checkpoint's
     weights (a sharded checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained
-    ones, downloaded here for a GPT-2 name and cropped to the plan's block_size."""
-    import torch
-
+    ones, downloaded here for a GPT-2 name and cropped to the plan's block_size. Built on the CPU, or with
+    init_device='device' on the plan's device (init_model)."""
     from gpt import checkpoint
-    from model import GPT
+    device = plan.device if plan.settings.get('init_device') == 'device' else 'cpu'
     if src.kind == 'scratch':
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = GPT(GPTConfig(**plan.model))
+        model = init_model(plan.model, seed, device)
     elif src.kind == 'resume':
-        model = GPT(GPTConfig(**plan.model))
+        model = init_model(plan.model, None, device)  # its weights are the checkpoint's, its random state too
         if not src.checkpoint['sharded']:
             checkpoint.load_weights(model, src.checkpoint['model'], src.name)
     else:
@@ -213,9 +210,30 @@ def build_model(plan, src, seed):
                     if k != 'block_size' and args.get(k, full[k]) != full[k]]
         if mismatch:
             raise UserError(f"{src.name}'s weights are not the model its config describes ({', '.join(mismatch)})")
-        model = GPT(GPTConfig(**full))
+        model = init_model(full, None, device)
         checkpoint.load_weights(model, weights, src.name)
         if plan.block_size < model.config.block_size:
             model.crop_block_size(plan.block_size)  # model surgery: fewer positions than it was trained on
     assert asdict(model.config) == dict(plan.model), "the model built is not the plan's"
     return model
+
+
+def init_model(model_config, seed=None, device='cpu'):
+    """A new GPT of model_config (a dict of GPTConfig's fields), its weights drawn on `device` from the seed
+    (None: from the random state as it is). On the CPU, the weights of a seed are nanoGPT's on any machine, but
+    drawing them takes seconds at GPT-2's size (torch's default init, then GPT-2's: every weight twice); on a
+    GPU they take milliseconds, from its own generator: other weights for the same seed, the same distributions
+    (and GPUs of other models may draw differently, which FSDP, having no broadcast, would notice). The random
+    state outside is left as it was whenever a seed is given."""
+    from contextlib import nullcontext
+
+    import torch
+
+    from model import GPT
+    device = torch.device(device)
+    on_device = device.type != 'cpu'
+    fork = torch.random.fork_rng(devices=[device] if on_device else [], device_type=device.type if on_device else None)
+    with fork if seed is not None else nullcontext(), device if on_device else nullcontext():
+        if seed is not None:
+            torch.manual_seed(seed)
+        return GPT(GPTConfig(**model_config))

@@ -61,7 +61,10 @@ def check_train(c):
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
             ('muon_lr', lambda v: v >= 0, "0 (AdamW alone) or more"), ('muon_momentum', *FRACTION),
             ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
-            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)")], c)
+            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)"),
+            ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "
+                                                            "(drawn on the run's device: faster on a GPU, other "
+                                                            "weights for the seed)")], c)
 
 
 def check_sample(c):

@@ -23,6 +23,17 @@ PIECES = [  # (what, code timed after its setup, setup)
      "import torch"),
     ("build the model on the CPU (its init), config's shape",
      "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
+    ("the same, while torch._dynamo imports in the background (train.py's way): until both are done",
+     "p = startup.Preload('torch._dynamo'); m = plan.init_model(GPTConfig(**shape).__dict__, 0); p.wait()",
+     "import torch; from gpt import plan, startup; from model import GPTConfig"),
+    ("build the model with init_device='device' (CUDA where there is one: its start included)",
+     "m = plan.init_model(GPTConfig(**shape).__dict__, 0, dev); m.to(dev); sync()",
+     "import torch; from gpt import plan; from model import GPTConfig\n"
+     "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+     "sync = torch.cuda.synchronize if dev == 'cuda' else (lambda: None)"),
+    ("check train.bin and val.bin: every id within the vocabulary (a max over each file)",
+     "[check_ids(open_tokens(os.path.join(data, f'{s}.bin')), None, s) for s in ('train', 'val')]",
+     "import os; from gpt.data import open_tokens; from gpt.loader import check_ids"),
 ]
 
 
@@ -39,9 +50,11 @@ def main(argv):
     shape = {k: env[k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias") if k in env}
     shape.update({k: env[k] for k in ("qk_norm", "zero_init_proj", "tie_embeddings") if k in env})
     shape["vocab_size"] = 50304
+    given = dict(f[2:].split("=", 1) for f in flags if f.startswith("--") and "=" in f)
+    data = given.get("data_dir") or os.path.join(ROOT, "data", given.get("dataset", env.get("dataset", "")))
     rows = []
     for what, code, setup in PIECES:
-        rows.append((what, timed(code, f"{setup}\nshape = {shape!r}")))
+        rows.append((what, timed(code, f"{setup}\nshape = {shape!r}\ndata = {data!r}")))
     t = time.time()
     out = subprocess.run([sys.executable, "train.py", config, "--max_iters=1", "--eval_interval=1000",
                           "--checkpoint_interval=-1", "--out_dir=out-startup", *flags], cwd=ROOT,
