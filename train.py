@@ -23,7 +23,7 @@ import sys
 import torch
 
 import configurator
-from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, startup, stepgraph
+from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
 from gpt.data import find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
@@ -173,13 +173,7 @@ torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on C
 ctx = hardware.autocast(device_type, dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])
-# torch.optim imports torch._dynamo at the first optimizer (seconds): in the background while the model is
-# built, which imports nothing dynamo imports (gpt/startup.py; init_device='device': torch.utils._device, whose
-# own imports torch has made: no lock cycle); not while transformers loads GPT-2's weights
-optimizer_imports = startup.Preload('torch._dynamo') if run.init != 'pretrained' else None
 model = plan.build_model(run, source, seed)  # downloads GPT-2's weights for init_from=gpt2*
-if optimizer_imports:
-    optimizer_imports.wait()
 model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT's keys, plus the family's
 model.to(device)
 

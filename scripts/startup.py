@@ -23,9 +23,6 @@ PIECES = [  # (what, code timed after its setup, setup)
      "import torch"),
     ("build the model on the CPU (its init), config's shape",
      "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
-    ("the same, while torch._dynamo imports in the background (train.py's way): until both are done",
-     "p = startup.Preload('torch._dynamo'); m = plan.init_model(GPTConfig(**shape).__dict__, 0); p.wait()",
-     "import torch; from gpt import plan, startup; from model import GPTConfig"),
     ("build the model with init_device='device' (CUDA where there is one: its start included)",
      "m = plan.init_model(GPTConfig(**shape).__dict__, 0, dev); m.to(dev); sync()",
      "import torch; from gpt import plan; from model import GPTConfig\n"

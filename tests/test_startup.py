@@ -1,8 +1,7 @@
 """
-What makes train.py start sooner must not change the run (gpt/startup.py, gpt/plan.py's init_model): a new
-model's weights for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) by default, with
-torch._dynamo imported in the background meanwhile; init_device='device' builds the model on the run's device;
-a bad init_device is one error line.
+What makes train.py start sooner must not change the run (gpt/plan.py's init_model): a new model's weights
+for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) by default; init_device='device' builds
+the model on the run's device; a bad init_device is one error line.
 """
 import textwrap
 
@@ -18,17 +17,14 @@ SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, bias=False, vocab_si
              zero_init_proj=True, tie_embeddings=False)
 
 
-def test_a_new_models_weights_are_nanogpts_for_its_seed_while_torch_dynamo_loads():
-    """In a fresh process (torch._dynamo not imported yet), as train.py builds it: plan.build_model, from the
-    plan's seed, with torch._dynamo importing in a background thread; the reference is nanoGPT's way, built
-    once the import is done. Equal bitwise, and the random state outside the build is left as it was."""
+def test_a_new_models_weights_are_nanogpts_for_its_seed():
+    """As train.py builds it: plan.build_model, from the plan's seed; the reference is nanoGPT's way. Equal
+    bitwise, and the random state outside the build is left as it was."""
     code = textwrap.dedent(f"""
-        import sys
         import torch
-        from gpt import plan, startup
+        from gpt import plan
         from gpt.plan import Source
         from model import GPT, GPTConfig
-        assert 'torch._dynamo' not in sys.modules
         model_config = GPTConfig(**{SHAPE!r}).__dict__
         run = plan.RunPlan(init='scratch', init_from='scratch', source='', model=model_config, block_size=32,
                            world_size=1, micro_steps=1, tokens_per_iter=32, max_iters=1, warmup_iters=0,
@@ -36,10 +32,7 @@ def test_a_new_models_weights_are_nanogpts_for_its_seed_while_torch_dynamo_loads
                            settings=dict(init_device='cpu'))
         torch.manual_seed(99)
         outside = torch.get_rng_state()
-        loading = startup.Preload('torch._dynamo')
         model = plan.build_model(run, Source('scratch'), seed=1337)
-        loading.wait()
-        assert 'torch._dynamo' in sys.modules
         assert torch.equal(torch.get_rng_state(), outside), "the build moved the caller's random state"
         torch.manual_seed(1337)
         reference = GPT(GPTConfig(**{SHAPE!r}))
