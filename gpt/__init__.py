@@ -4,6 +4,7 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
 
     errors       UserError and the one-line `error:` hook every script installs
     atomic       files written whole or not at all
+    plan         the run plan: settings given, checkpoint or pretrained model, data and machine, decided once
     hardware     device and dtype choice, autocast, compile, peak FLOP/s for MFU
     distributed  torchrun's process group, DDP and FSDP2 wrapping, gradient sync
     checkpoint   ckpt.pt save/load (atomic, weights_only, checksums), sharded saves, resume, conversion
@@ -13,6 +14,7 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     loader       batches from the token files, with resumable positions
     tokenizer    GPT-2 BPE (tiktoken), characters, tokenizers-JSON files
     hf           the bridge to Hugging Face transformers, both directions, GPT-2 and Llama
+    exportdir    export folders: never a user's folder overwritten, written whole or not at all
     generation   the KV cache and the (CUDA-graphed) one-token decode step
     schedule     learning-rate schedule and token budgets
     muon         the Muon optimizer for the blocks' matrices (AdamW for the rest), as one optimizer
