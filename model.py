@@ -127,6 +127,11 @@ class GPTConfig:
         return tuple(f.name for f in fields(cls) if f.metadata['kind'] == kind)
 
     @classmethod
+    def architecture_fields(cls):
+        """What the model computes: the fields a resumed or pretrained model keeps, export carries or refuses."""
+        return cls.fields_of(ARCHITECTURE)
+
+    @classmethod
     def options(cls):
         """{name: default} of the fields beyond nanoGPT's, the loss's and norm_eps: the model switches that
         train.py takes as settings (--family=llama, --qk_norm=True, ...) besides its own n_layer, n_head, ..."""

@@ -20,6 +20,7 @@ errors.install()
 import math
 import sys
 
+import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it
 import torch
 
 import configurator

@@ -26,14 +26,11 @@ import numpy as np
 
 from gpt.atomic import atomic_write
 from gpt.errors import UserError
+from gpt.tokenizer import hf_meta
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of train.py and data/
-
-
-def dtype_for_vocab(vocab_size):
-    return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
 def write_tokens(path, ids, dtype="uint16"):
@@ -108,7 +105,6 @@ def read_meta(data_dir):
         except OSError as e:
             raise UserError(f"{path} names tokenizer file {tok_path}, which could not be read "
                             f"({e.strerror or e}); re-run the dataset's prepare.py")
-        from gpt.tokenizer import hf_meta  # here: gpt.tokenizer imports this module
         held = hf_meta(meta["tokenizer_json"], tok_path)["vocab_size"]
         if held != meta["vocab_size"]:
             raise UserError(f"{path} says vocab_size {meta['vocab_size']}, but its tokenizer file {tok_path} has "

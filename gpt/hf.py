@@ -186,9 +186,8 @@ def refused_fields(cfg):
     """{name: value} of the config's architecture fields that FIELDS does not carry and that differ from
     their defaults: what transformers' GPT-2 and Llama do not compute (the speedrun's qk_norm, mlp_act,
     logit_softcap, and any architecture field GPTConfig gains)."""
-    from model import ARCHITECTURE  # the model is built by now; model.py imports this module only lazily too
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    return {name: getattr(cfg, name) for name in type(cfg).fields_of(ARCHITECTURE)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}  # the config's class says (model.py)
+    return {name: getattr(cfg, name) for name in type(cfg).architecture_fields()
             if name not in FIELDS and getattr(cfg, name) != defaults[name]}
 
 
@@ -296,11 +295,12 @@ def llama_from_hf(hf_model, dropout=0.0):
     return args, state_dict
 
 
-def check_folder(folder):
+def check_folder(folder, field_types=None):
     """One line for a folder given as init_from that cannot be a transformers GPT-2 or Llama model: a training
     run's out_dir (ckpt.pt: resume it instead), no config.json, a config.json that is no JSON object, of
-    another model type, or with a field this project reads of the wrong type ("n_layer": "two"). From the
-    file alone, before transformers is imported or any weight read."""
+    another model type, or (field_types: GPTConfig's {field: type}, from the caller, since this module never
+    imports model.py) with a field this project reads of the wrong type ("n_layer": "two"). From the file
+    alone, before transformers is imported or any weight read."""
     if any(os.path.exists(os.path.join(folder, name)) for name in ("ckpt.pt", "ckpt_dcp")):
         raise UserError(f"init_from={folder} is a training run's folder (it holds a checkpoint), not a "
                         f"transformers model: use --init_from=resume --out_dir={folder}")
@@ -316,11 +316,9 @@ def check_folder(folder):
     family = config.get("model_type") if isinstance(config, dict) else None
     if family not in ("gpt2", "llama"):
         raise UserError(f"{path}: model_type {family!r} is not a model this project loads (gpt2 or llama)")
-    from model import GPTConfig  # here: model.py imports this module when it loads weights
-    types_ = {f.name: f.type for f in dataclasses.fields(GPTConfig)}  # GPTConfig says each field's type
     i = 0 if family == "gpt2" else 1
-    for ours, pair in FIELDS.items():
-        field, want = pair[i], types_[ours]
+    for ours, pair in FIELDS.items() if field_types else ():
+        field, want = pair[i], field_types[ours]
         value = config.get(field) if field else None
         if value is None:  # not there, or null: transformers' default
             continue

@@ -23,15 +23,24 @@ def _check(rules, config):
             raise UserError(f"{key}={config[key]!r} makes no sense: {key} must be {want}")
 
 
+def check_init_folder(init_from):
+    """init_from a folder: one that holds a transformers model (not a run's out_dir, not an empty one, its
+    config.json readable, each field of its type), before anything reads its weights or tokenizer."""
+    if os.path.isdir(init_from):
+        from dataclasses import fields
+
+        from gpt.hf import check_folder  # here: gpt.hf imports torch, and this module is imported first
+        from model import GPTConfig
+        check_folder(init_from, {f.name: f.type for f in fields(GPTConfig)})  # GPTConfig says each field's type
+
+
 def check_train(c):
     """train.py's settings."""
     init_from = c['init_from']
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
-    if os.path.isdir(init_from):
-        from gpt.hf import check_folder  # here: gpt.hf imports torch, and this module is imported first
-        check_folder(init_from)
+    check_init_folder(init_from)
     if c['eval_iters'] <= 0 or c['eval_interval'] <= 0:
         raise UserError(f"eval_iters and eval_interval must be positive (got {c['eval_iters']}, {c['eval_interval']})")
     if min(c['batch_size'], c['block_size'], c['gradient_accumulation_steps'], c['log_interval']) <= 0 \
@@ -69,6 +78,7 @@ def check_train(c):
 
 def check_sample(c):
     """sample.py's settings."""
+    check_init_folder(c['init_from'])
     _check([('num_samples', lambda v: v > 0, "positive"), ('max_new_tokens', lambda v: v > 0, "positive"),
             ('temperature', lambda v: v >= 0, "0 (greedy) or more"),
             ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('top_p', *NUCLEUS), ('seed', *SEED)], c)
@@ -92,6 +102,7 @@ def check_bench(c):
 
 def check_hellaswag(c):
     """hellaswag.py's settings."""
+    check_init_folder(c['init_from'])
     _check([('limit', lambda v: v >= 0, "0 (all examples) or more"), ('batch_examples', *POSITIVE)], c)
 
 

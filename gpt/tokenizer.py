@@ -15,7 +15,6 @@ import sys
 import tiktoken
 
 from gpt.atomic import atomic_write
-from gpt.data import dtype_for_vocab
 from gpt.errors import UserError
 
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -150,6 +149,11 @@ def get_tokenizer(meta):
     raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2, hf)")
 
 
+def dtype_for_vocab(vocab_size):
+    """The token files' storage type for a vocabulary: uint16 while every id fits (GPT-2's 50257 does)."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
 def char_meta(text):
     """meta.json for a character-level dataset: every distinct character of text, sorted, is one token."""
     chars = sorted(set(text))
@@ -218,11 +222,10 @@ def folder_meta(init_from):
     """The meta for the tokenizer.json of a transformers model folder (a Llama's, say); None where there is
     none and the model is GPT-2's (its vocabulary GPT-2 BPE's 50257, or 50304 padded): GPT-2 BPE, as in
     nanoGPT. Any other folder without one is a UserError naming the missing file: its ids mean nothing
-    known, and GPT-2's would index past its vocabulary."""
+    known, and GPT-2's would index past its vocabulary. (That the folder holds a transformers model at all
+    is settings.check_init_folder's to say, before this is asked.)"""
     if not os.path.isdir(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
-    from gpt.hf import check_folder  # here: gpt.hf imports this module
-    check_folder(init_from)  # a run's out_dir, or no transformers model at all: say that, not "no tokenizer"
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
         try:
