@@ -157,7 +157,6 @@ loader('val', stream=1)  # check the val split now, not at the first evaluation
 tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
 if master_process:
     rundir.check(out_dir, fresh=run.init != 'resume')  # writable, and no live run in it
-if master_process:
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
 # -----------------------------------------------------------------------------
