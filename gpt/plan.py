@@ -134,7 +134,15 @@ def model_config(config, given, src, meta):
                     if k in config}
         return asdict(GPTConfig(**settable, **runtime, vocab_size=new_vocab_size(meta)))
     # weights to start from: their architecture, this run's runtime fields
-    theirs = asdict(GPTConfig(**{k: v for k, v in src.model_args.items() if k in GPTConfig.fields_of(ARCHITECTURE)}))
+    unknown = sorted(set(src.model_args) - {f.name for f in fields(GPTConfig)})
+    if unknown:  # a field of a newer version, or another program's: building without it would be another model
+        raise UserError(f"{src.name} describes its model with {', '.join(unknown)}, which this version's GPTConfig "
+                        f"does not have (model.py): load it with the version that wrote it")
+    try:
+        theirs = asdict(GPTConfig(**{k: v for k, v in src.model_args.items()
+                                     if k in GPTConfig.architecture_fields()}))
+    except (TypeError, ValueError) as e:  # a value of the wrong type ("n_head": "2"): GPTConfig's arithmetic fails
+        raise UserError(f"{src.name}: its model fields do not describe a GPT ({e})")
     crop = src.kind == 'pretrained' and 'block_size' in given and config['block_size'] <= theirs['block_size']
     refuse_other_architecture(config, given, src, theirs, skip=('block_size',) if crop else ())
     refuse_ignored_initialisation(config, given, src)

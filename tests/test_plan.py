@@ -65,6 +65,14 @@ def test_architecture_the_user_sets_that_differs_is_refused(flags_, named):
     assert named in str(e.value) and "the checkpoint out/ckpt.pt is a 2-layer, 64-wide gpt2 model" in str(e.value)
 
 
+def test_a_model_field_this_version_does_not_know_is_refused():
+    # a checkpoint from a newer version (or another program): built without the field, it would be another model
+    with pytest.raises(UserError, match="out/ckpt.pt describes its model with attn_sinks, which this version"):
+        make(given(), checkpoint_source(attn_sinks=4))
+    with pytest.raises(UserError, match="out/ckpt.pt: its model fields do not describe a GPT"):
+        make(given(), checkpoint_source(n_head="2"))
+
+
 def test_initialisation_that_would_do_nothing_is_refused():
     with pytest.raises(UserError, match="zero_init_proj=True only sets how a new model's weights start"):
         make(given(zero_init_proj=True))
