@@ -34,6 +34,20 @@ def start_holder(out_dir):
     return p
 
 
+def held_out_dir(tmp_path):
+    """A tiny dataset, and an out_dir that another live process holds: (data folder, out_dir, the holder)."""
+    ids = np.random.default_rng(0).integers(0, 16, 2000)
+    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
+    out = tmp_path / "out"
+    out.mkdir()
+    return d, out, start_holder(out)
+
+
+def train_into(data_dir, out_dir):
+    return subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+
+
 def test_a_second_run_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, capsys):
     holder = start_holder(tmp_path)
     try:
@@ -55,14 +69,9 @@ def test_a_second_run_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, capsy
 
 
 def test_train_py_refuses_a_held_out_dir(tmp_path):
-    ids = np.random.default_rng(0).integers(0, 16, 2000)
-    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
-    out = tmp_path / "out"
-    out.mkdir()
-    holder = start_holder(out)
+    d, out, holder = held_out_dir(tmp_path)
     try:
-        r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={d}", f"--out_dir={out}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=240)
+        r = train_into(d, out)
     finally:
         holder.kill()
         holder.wait()
@@ -71,8 +80,7 @@ def test_train_py_refuses_a_held_out_dir(tmp_path):
                                                         f"{holder.pid} on host")
     # the same command once the other run is gone trains; again, it keeps the first run aside
     for _ in range(2):
-        r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={d}", f"--out_dir={out}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=240)
+        r = train_into(d, out)
         assert r.returncode == 0, r.stderr[-2000:]
     aside = [f for f in os.listdir(out) if f.startswith("earlier-")]
     assert len(aside) == 1 and f"its ckpt.pt, log.jsonl are kept in {out / aside[0]}" in r.stdout
@@ -172,11 +180,7 @@ def test_on_failure_runs_before_the_error_line():
 
 def test_a_removed_lock_file_does_not_let_a_second_run_in(tmp_path):
     """The issue's case: run.lock removed by hand while a run is live; a second run must not move its files."""
-    ids = np.random.default_rng(0).integers(0, 16, 2000)
-    d = write_ids_dataset(tmp_path / "data", ids, "abcdefghijklmnop", val=500/2000)
-    out = tmp_path / "out"
-    out.mkdir()
-    holder = start_holder(out)
+    d, out, holder = held_out_dir(tmp_path)
     try:
         for name in ("ckpt.pt", "log.jsonl"):  # the live run's files
             (out / name).write_text(name)
@@ -186,8 +190,7 @@ def test_a_removed_lock_file_does_not_let_a_second_run_in(tmp_path):
             rundir.check(str(out), fresh=True)
         pid = f"PID {holder.pid} " if os.path.exists("/proc/locks") else ""
         assert f"out_dir {out} is in use by another run ({pid}" in str(e.value)
-        r = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={d}", f"--out_dir={out}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=240)
+        r = train_into(d, out)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert r.stderr.strip().startswith(f"error: out_dir {out} is in use by another run ({pid}") \
             and r.stderr.count("\n") == 1, r.stderr
