@@ -9,18 +9,19 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def atomic_write(path, mode="wb"):
+def atomic_write(path, mode="wb", before_replace=None):
     """`with atomic_write(path) as f: f.write(...)` - the file appears at `path` only when complete."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, before_replace) as tmp:
         with open(tmp, mode) as f:
             yield f
 
 
 @contextmanager
-def atomic_path(path):
+def atomic_path(path, before_replace=None):
     """`with atomic_path(path) as tmp: ...` for writers that need a file name rather than a file object
     (np.memmap): whatever is written to `tmp` is fsynced and appears at `path` only when the block ends
-    without an error; on an error `tmp` is removed."""
+    without an error; on an error `tmp` is removed. before_replace(), if given, runs just before the
+    rename and may raise to call it off (a last check that `path` is still ours to replace)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -33,6 +34,8 @@ def atomic_path(path):
         finally:
             os.close(fd)  # before the rename, which Windows refuses for an open file
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the permissions open() would
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

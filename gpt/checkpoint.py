@@ -11,6 +11,7 @@ import re
 import shutil
 import tempfile
 import zipfile
+from functools import partial
 
 import numpy as np
 import torch
@@ -49,8 +50,9 @@ def save_checkpoint(ckpt, path):
     return write_checkpoint(ckpt, path) is None
 
 
-def write_checkpoint(ckpt, path):
-    """save_checkpoint's work: returns None when the checkpoint is on disk, else why not (said in one line)."""
+def write_checkpoint(ckpt, path, before_replace=None):
+    """save_checkpoint's work: returns None when the checkpoint is on disk, else why not (said in one line).
+    before_replace: atomic_write's last check before the file takes the place of the old one."""
     # temp files of saves that a crash or kill -9 cut short would otherwise pile up, each a whole checkpoint
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):
@@ -60,7 +62,7 @@ def write_checkpoint(ckpt, path):
             except OSError:
                 pass  # a read-only folder: the save below says so
     try:
-        with atomic_write(path) as f:
+        with atomic_write(path, before_replace=before_replace) as f:
             torch.save(ckpt, f)
         return None
     except (OSError, RuntimeError) as e:
@@ -136,17 +138,15 @@ class Saver:
         name, out_dir/<name> instead, a checkpoint kept beside ckpt.pt (e.g. ckpt-tok<tokens>-val<loss>.pt),
         and only the last `keep` of its kind (0: all). Returns whether it was written (False on ranks > 0
         of an unsharded save, which write nothing)."""
-        problem = self.owner_problem()
-        if problem:
-            raise UserError(f"not saving to {self.out_dir}: {problem}; this run stops so as not to write over "
-                            f"that run's files ({self.last_good()})")
+        self.check_owner()
         if self.diverged:
             if is_master():
                 print(f"not saving a checkpoint: {self.diverged} ({self.last_good()})")
             return False
         state = {**state, "initial_val_loss": self.initial_val_loss}
         if sharded:
-            save_sharded(self.out_dir, model, optimizer, {**state, 'rng': gather_rng_states()})
+            save_sharded(self.out_dir, model, optimizer, {**state, 'rng': gather_rng_states()},
+                         before_replace=partial(self.check_owner, broadcast=False))
             self.good = (os.path.join(self.out_dir, DCP_DIR), state["iter_num"])
             return True
         rng = gather_rng_states()
@@ -154,6 +154,15 @@ class Saver:
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return saved
+
+    def check_owner(self, broadcast=True):
+        """Stop the run (UserError) if out_dir is no longer its own. Asked by every rank before a save, and by
+        rank 0 alone again just before its file replaces the old one: writing a checkpoint takes seconds,
+        and another run may claim the folder meanwhile."""
+        problem = self.owner_problem() if broadcast else self.claim and self.claim.owner_problem()
+        if problem:
+            raise UserError(f"not saving to {self.out_dir}: {problem}; this run stops so as not to write over "
+                            f"that run's files ({self.last_good()})")
 
     def owner_problem(self):
         """Why out_dir is no longer this run's (rank 0's claim says; every rank gets its answer), or None."""
@@ -174,7 +183,7 @@ class Saver:
             return False
         print(f"saving checkpoint to {path}")
         ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state}
-        self.save_failed = write_checkpoint(ckpt, path)
+        self.save_failed = write_checkpoint(ckpt, path, before_replace=partial(self.check_owner, broadcast=False))
         if self.save_failed:
             return False
         if name is None:
@@ -491,9 +500,10 @@ def is_sharded(model):
 
 # sharded checkpoints (parallelism=fsdp) go through torch.distributed.checkpoint (DCP): every rank writes
 # its own part into out_dir/ckpt_dcp/; convert_checkpoint.py turns one into a single ckpt.pt
-def save_sharded(out_dir, model, optimizer, train_state):
+def save_sharded(out_dir, model, optimizer, train_state, before_replace=None):
     """Every rank writes its shards of the model and optimizer; rank 0 also the rest of the training state.
-    Written to a temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole."""
+    Written to a temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole.
+    before_replace: rank 0's last check before the renames (it may raise to call them off)."""
     final = os.path.join(out_dir, DCP_DIR)
     tmp, old = final + ".tmp", final + ".old"
     if dist.get_rank() == 0 and os.path.exists(tmp):
@@ -505,6 +515,8 @@ def save_sharded(out_dir, model, optimizer, train_state):
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
     if dist.get_rank() == 0:
         torch.save(train_state, os.path.join(tmp, TRAIN_STATE))
+        if before_replace is not None:
+            before_replace()
         if os.path.exists(final):
             os.replace(final, old)
         os.replace(tmp, final)

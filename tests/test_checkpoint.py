@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import ROOT, counting_ids, log_rows, run, tiny, write_ids_dataset
 
-from gpt.checkpoint import load_checkpoint, save_checkpoint
+from gpt import rundir
+from gpt.checkpoint import Saver, load_checkpoint, save_checkpoint
 from gpt.data import read_meta
 from gpt.errors import UserError
 
@@ -277,15 +278,40 @@ def test_a_live_run_stops_rather_than_save_into_a_folder_another_run_claimed(dat
                              *flags(max_iters=100000, eval_interval=100000, checkpoint_interval=3)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(out, 4, proc)
+    proc.send_signal(signal.SIGSTOP)  # the other run's two writes happen together, as far as this run can tell
     os.remove(out / "run.lock")
     (out / "run.lock").write_text("PID 4242 on host elsewhere, since 2026-01-01T00:00:00, run abc\n")
     (out / "ckpt.pt").write_bytes(b"the other run's")
+    proc.send_signal(signal.SIGCONT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "Traceback" not in stderr, stderr[-2000:]
     assert stderr.strip().startswith(f"error: not saving to {out}: another run has claimed {out} (PID 4242 on "
                                      f"host elsewhere, since 2026-01-01T00:00:00, run abc); this run stops") \
         and stderr.count("\n") == 1, stderr
     assert (out / "ckpt.pt").read_bytes() == b"the other run's" and (out / "run.lock").exists()
+
+
+def test_a_folder_claimed_while_the_checkpoint_is_written_is_not_written_over(tmp_path, monkeypatch):
+    """Writing a checkpoint takes seconds: the folder is checked again just before the new file takes the old
+    one's place, so another run that claimed it meanwhile keeps its checkpoint, and no temporary file is left."""
+    out = tmp_path / "out"
+    claim = rundir.claim(str(out), fresh=True)
+    saver = Saver(str(out), claim=claim)
+    model = torch.nn.Linear(2, 2)
+    real_save = torch.save
+
+    def save_while_another_run_claims(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        os.remove(out / "run.lock")
+        (out / "run.lock").write_text("PID 4242 on host elsewhere, since 2026-01-01T00:00:00, run abc\n")
+        (out / "ckpt.pt").write_bytes(b"the other run's")
+
+    monkeypatch.setattr(torch, "save", save_while_another_run_claims)
+    with pytest.raises(UserError, match=rf"not saving to {out}: another run has claimed {out} \(PID 4242"):
+        saver.save(model, torch.optim.AdamW(model.parameters()), iter_num=3)
+    assert (out / "ckpt.pt").read_bytes() == b"the other run's"
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "run.lock"]
+    claim.release()
 
 
 def test_signal_stop_whose_save_fails_does_not_say_resume(data_dir, tmp_path):
