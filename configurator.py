@@ -20,6 +20,7 @@ or a flag sets, whatever its value. A value equal to the script's default still 
 2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers, not silence.
 """
 import ast
+import math
 import os
 import types
 
@@ -36,7 +37,10 @@ def config_keys(g):
 def _coerce(key, value, current, where):
     expected = type(current)
     if expected is float and type(value) is int:
-        return float(value)
+        value = float(value)
+    if expected is float and type(value) is float and not math.isfinite(value):
+        # 1e400 reads as inf: no setting means anything by inf or nan
+        raise UserError(f"{key} expects a finite number, got {value!r} from {where}")
     if type(value) is expected:
         return value
     raise UserError(f"{key} expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {where}")

@@ -25,6 +25,15 @@ def check_lr_schedule(lr_schedule, lr_decay_frac):
                         f"decays over (e.g. 0.2)")
 
 
+def check_decay(learning_rate, min_lr, lr_schedule):
+    """A schedule that decays to min_lr (cosine, wsd) must start above it: else it climbs, which is never what
+    was meant (a --learning_rate lowered for fine-tuning, with train.py's min_lr left as it was)."""
+    if lr_schedule in ('cosine', 'wsd') and min_lr > learning_rate:
+        raise UserError(f"min_lr={min_lr:g} is above learning_rate={learning_rate:g}, so the '{lr_schedule}' "
+                        f"schedule would rise to min_lr rather than decay: set --min_lr at most learning_rate "
+                        f"(learning_rate/10 is usual)")
+
+
 def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule='cosine', lr_decay_frac=0.2,
            max_iters=None):
     """The learning rate of step `it`. Every schedule warms up linearly for warmup_iters steps (never 0 at

@@ -6,6 +6,7 @@ them right after the configurator, so each is one `error:` line before any work.
 import os
 
 from gpt.errors import UserError
+from gpt.schedule import check_decay
 
 NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)")  # top-p sampling
 POSITIVE = (lambda v: v > 0, "positive")
@@ -37,6 +38,9 @@ def check_init_folder(init_from):
 def check_train(c):
     """train.py's settings."""
     init_from = c['init_from']
+    if not c['out_dir'].strip():
+        raise UserError("out_dir is empty: give the folder the run writes to, e.g. --out_dir=out")
+    check_decay(c['learning_rate'], c['min_lr'], c['lr_schedule'] if c['decay_lr'] else 'none')
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")

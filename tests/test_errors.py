@@ -328,6 +328,19 @@ CASES += [
      lambda tmp, s: [f"--data_dir={dataset_with_meta(tmp, tokenizer='char', vocab_size=16, itos=ITOS, dtype='int8')}"],
      ["meta.json", "dtype 'int8'"]),
 ]
+# after issue 22: numbers too large for a float (1e400 reads as inf), a lowered learning_rate whose schedule
+# would climb to train.py's min_lr, an empty out_dir
+CASES += [
+    ("float_flag_beyond_range", "train.py", lambda tmp, s: ["--learning_rate=1e400"],
+     ["learning_rate expects a finite number", "inf", "--learning_rate=1e400"]),
+    ("config_file_nan", "train.py", lambda tmp, s: [config_file(tmp, "nan.py", "dropout = float('nan')\n")],
+     ["dropout expects a finite number", "nan.py"]),
+    ("sample_float_flag_beyond_range", "sample.py", lambda tmp, s: ["--temperature=-1e999"],
+     ["temperature expects a finite number", "-inf"]),
+    ("min_lr_above_learning_rate", "train.py", lambda tmp, s: ["--learning_rate=1e-5"],
+     ["min_lr=6e-05 is above learning_rate=1e-05", "rise", "--min_lr"]),
+    ("out_dir_empty", "train.py", lambda tmp, s: ["--out_dir="], ["out_dir is empty"]),
+]
 # settings of the right type that mean nothing: accepted before, and then silently never did anything
 MEANINGLESS = [("checkpoint_interval", -5), ("sample_interval", -1), ("hellaswag_interval", -3),
                ("ckpt_every_tokens", -1), ("total_batch_size", -8), ("dist_timeout_minutes", 0),

@@ -186,3 +186,13 @@ def test_lr_schedule_mistakes_are_one_line():
         it(lr_schedule="linear")
     with pytest.raises(UserError, match=r"lr_decay_frac=1.5 must be in \(0, 1\]"):
         it(lr_schedule="wsd", lr_decay_frac=1.5)
+
+
+def test_a_schedule_that_would_climb_to_min_lr_is_refused():
+    for lr_schedule in ("cosine", "wsd"):
+        with pytest.raises(UserError, match=f"min_lr=6e-05 is above learning_rate=1e-05, so the '{lr_schedule}' "
+                                            f"schedule would rise to min_lr rather than decay: set --min_lr"):
+            schedule.check_decay(1e-5, 6e-5, lr_schedule)
+        schedule.check_decay(6e-5, 6e-5, lr_schedule)  # equal: a constant rate after warm-up, as asked
+    for lr_schedule in ("constant", "none"):  # min_lr is not used
+        schedule.check_decay(1e-5, 6e-5, lr_schedule)
