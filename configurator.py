@@ -22,6 +22,8 @@ or a flag sets, whatever its value. A value equal to the script's default still 
 import ast
 import math
 import os
+import re
+import sys
 import types
 
 from gpt.errors import UserError
@@ -115,12 +117,45 @@ def _run_config_file(path, config):
     return overrides
 
 
+def _comments(script):
+    """{setting: its comment} from the script's source, for lines like `key = value  # comment` (globals)
+    or `key=value,  # comment` (a settings dict)."""
+    try:
+        with open(script, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    found = (re.match(r"\s*(\w+)\s*=[^#]*#\s*(.+)$", line) for line in lines)
+    comments = {}
+    for m in found:
+        if m:
+            comments.setdefault(m.group(1), m.group(2).strip())
+    return comments
+
+
+def usage(settings, script):
+    """What --help prints: how to call the script, and every setting with its default and comment."""
+    comments = _comments(script)
+    name = os.path.basename(script)
+    lines = [f"usage: python {name} [config_file.py ...] [--key=value ...]",
+             "Config files (Python files that assign settings) and --key=value flags apply in order; later ones "
+             "win.", "Settings, with their defaults:"]
+    for key, value in settings.items():
+        lines.append(f"  --{key}={value!r}" + (f"  # {comments[key]}" if key in comments else ""))
+    lines.append("Every setting is described in docs/configuration.md.")
+    return "\n".join(lines)
+
+
 def apply(g, argv, *sections):
     """Apply config files and --key=value flags in `argv` to the globals `g` (and to the dicts `sections`, which
-    hold more settings, updated in place); return the final config (a Config: a dict, plus .given)."""
+    hold more settings, updated in place); return the final config (a Config: a dict, plus .given).
+    -h or --help prints every setting with its default and exits."""
     home = {k: g for k in config_keys(g)}  # the dict each setting lives in
     given = set()
     home.update({k: section for section in sections for k in section if k not in home})
+    if "-h" in argv or "--help" in argv:
+        print(usage({k: where[k] for k, where in home.items()}, g.get("__file__") or sys.argv[0]))
+        raise SystemExit(0)
     for arg in argv:
         config = {k: where[k] for k, where in home.items()}
         if "=" not in arg:

@@ -36,6 +36,22 @@ compile = False  # compile the one-token decode step: ~10% faster per token, aft
 settings.check_sample(configurator.apply(globals(), sys.argv[1:]))  # overrides from command line or config file
 # -----------------------------------------------------------------------------
 
+# the prompt, read before anything loads: a mistake in it is found at once
+if start.startswith('FILE:'):
+    prompt_path = start[5:]
+    if os.path.isdir(prompt_path):
+        raise errors.UserError(f"prompt file {prompt_path} is a folder (from start=FILE:{prompt_path}): name a "
+                               f"text file")
+    if not os.path.isfile(prompt_path):
+        raise errors.UserError(f"prompt file {prompt_path} not found (from start=FILE:{prompt_path})")
+    try:
+        with open(prompt_path, 'r', encoding='utf-8') as f:
+            start = f.read()
+    except UnicodeDecodeError as e:
+        raise errors.UserError(f"prompt file {prompt_path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
+    except OSError as e:
+        raise errors.UserError(f"prompt file {prompt_path} could not be read ({e.strerror or e})")
+
 torch.manual_seed(seed)
 # no TF32: bf16/fp16 generation does not use it, and dtype=float32 asks for float32 (whose greedy decoding
 # gives exactly the uncached path's tokens; docs/benchmarks.md)
@@ -64,15 +80,6 @@ if compile_step:
     print("compiling the decode step at the first new token (~10-20 s)")
 
 # encode the beginning of the prompt
-if start.startswith('FILE:'):
-    prompt_path = start[5:]
-    if not os.path.isfile(prompt_path):
-        raise errors.UserError(f"prompt file {prompt_path} not found (from start=FILE:{prompt_path})")
-    try:
-        with open(prompt_path, 'r', encoding='utf-8') as f:
-            start = f.read()
-    except UnicodeDecodeError as e:
-        raise errors.UserError(f"prompt file {prompt_path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
 start_ids = tokenizer.encode(start)
 if not start_ids:
     raise errors.UserError("the prompt is empty: give at least one token with --start=...")

@@ -288,13 +288,26 @@ def where_else(path):
             f"its files back")
 
 
+# how torch.save's legacy (pre-zip) files begin: pickle protocol 2, then torch's magic number as a long
+LEGACY_START = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
+
+
 def safe_load(path):
     """torch.load(weights_only=True) onto the CPU, its failures one line each. torch's own message for a
     refused pickle advises loading with weights_only=False, which would run whatever code the file holds:
     that advice is never passed on, only what was refused."""
     try:
+        with open(path, "rb") as f:
+            start = f.read(len(LEGACY_START))
+    except OSError as e:
+        raise UserError(f"{path} could not be read ({e.strerror or e})")
+    if not zipfile.is_zipfile(path) and start != LEGACY_START and start:
+        # torch.load would read any other file as a legacy pickle and fail with whatever that decoding hit
+        raise UserError(f"{path} is not a PyTorch checkpoint (neither torch.save's zip format nor its legacy "
+                        f"one): point out_dir or the path at the ckpt.pt a run wrote")
+    try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a damaged file makes the unpickler raise is the file's fault
         text = str(e)
         refused = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(e, pickle.UnpicklingError) else None
         if refused:

@@ -252,6 +252,28 @@ def test_files_cannot_run_code(tmp_path):
     assert read_meta(str(tmp_path))["itos"] == ["a", "b"]
 
 
+def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path):
+    """Any file given as a checkpoint: torch.load reads whatever is not a zip as a legacy pickle, and fails
+    with whatever that decoding meets (KeyError: 101 for a text file starting with 'h')."""
+    import numpy as np
+    not_torch = {"text.pt": b"hello, not a checkpoint", "random.pt": bytes(random.Random(0).randbytes(4096))}
+    for name, data in not_torch.items():
+        (tmp_path / name).write_bytes(data)
+    np.save(tmp_path / "array.npy", np.arange(10))
+    for name in [*not_torch, "array.npy"]:
+        with pytest.raises(UserError, match=f"{name} is not a PyTorch checkpoint .neither torch.save's zip "
+                                            f"format nor its legacy one."):
+            load_checkpoint(str(tmp_path / name))
+    # torch.save's legacy format still loads; cut short, or empty, it is a damaged checkpoint
+    torch.save({"model": {}, "model_args": {}}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    assert load_checkpoint(str(tmp_path / "legacy.pt"))["model_args"] == {}
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "legacy.pt").read_bytes()[:40])
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name in ("cut.pt", "empty.pt"):
+        with pytest.raises(UserError, match=f"{name} is not a readable checkpoint .truncated or corrupted.: EOFError"):
+            load_checkpoint(str(tmp_path / name))
+
+
 def test_no_checkpoint_names_the_earlier_runs_kept_aside(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
 import configurator
@@ -49,3 +53,32 @@ def test_config_file_errors_name_the_file(tmp_path):
     cfg.write_text("batch_size = '3'\n")
     with pytest.raises(UserError, match=r"batch_size expects int, got '3' \(str\) from .*bad\.py"):
         configurator.apply(defaults(), [str(cfg)])
+
+
+def test_help_lists_every_setting_with_its_default_and_comment(tmp_path, capsys):
+    script = tmp_path / "myscript.py"
+    script.write_text("batch_size = 12  # sequences a micro-step\nsettings = dict(\n    out_dir='out',  # the run "
+                      "folder\n)\n")
+    g = {**defaults(), "__file__": str(script)}
+    with pytest.raises(SystemExit) as e:
+        configurator.apply(g, ["--batch_size=3", "--help"])
+    assert e.value.code == 0 and g["batch_size"] == 12  # nothing applied
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "usage: python myscript.py [config_file.py ...] [--key=value ...]"
+    assert "  --batch_size=12  # sequences a micro-step" in out and "  --out_dir='out'  # the run folder" in out
+    assert "  --learning_rate=0.0006" in out and "  --dataset='openwebtext'" in out
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script, setting", [("train.py", "--n_layer=12"), ("sample.py", "--top_p=1.0"),
+                                             ("export.py", "--force=False"), ("hellaswag.py", "--limit=0")])
+def test_scripts_answer_help(script, setting, tmp_path):
+    """`python train.py --help`, the first thing many users type: the settings, exit 0, nothing written."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), "-h"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    assert r.stdout.startswith(f"usage: python {script} ") and any(line.startswith(f"  {setting}")
+                                                                    for line in r.stdout.splitlines())
+    assert os.listdir(tmp_path) == []
