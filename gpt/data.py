@@ -306,6 +306,9 @@ def tiny_shakespeare(input_path, out_dir):
                             f"pass --input with a local copy of tinyshakespeare's input.txt")
         with atomic_write(path) as f:
             f.write(text)
+    if os.path.isdir(path):
+        raise UserError(f"input file {path} is a folder: give the text file itself (data/text/prepare.py "
+                        f"takes folders)")
     if not os.path.isfile(path):
         raise UserError(f"input file {path} does not exist")
     try:

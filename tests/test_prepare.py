@@ -120,6 +120,9 @@ def test_missing_input_is_one_line(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and str(missing) in lines[0], r.stderr
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+    r = prepare("shakespeare_char", "--input", tmp_path, "--out_dir", tmp_path / "out")  # a folder, not a file
+    assert r.returncode == 2 and r.stderr.strip() == f"error: input file {tmp_path} is a folder: give the text " \
+                                                      f"file itself (data/text/prepare.py takes folders)", r.stderr
 
 
 def test_tiny_shakespeare_download(monkeypatch, tmp_path):
