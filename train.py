@@ -25,7 +25,7 @@ import torch
 
 import configurator
 from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
-from gpt.data import find_dataset
+from gpt.data import dataset_label, find_dataset
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
@@ -129,6 +129,7 @@ sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every ran
 dtype = hardware.resolve_dtype(dtype, device_type)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
+data_label = dataset_label(dataset, data_dir)  # how messages name it: data_dir, when one is given
 data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_process)  # says what it found
 source = plan.source(init_from, out_dir, parallelism)  # a checkpoint, a pretrained model, or nothing: only read
 run = plan.make(config, source, meta, world_size, device, dtype, verbose=master_process)
@@ -136,9 +137,9 @@ config = dict(run.settings)  # every setting as the run uses it: what checkpoint
 block_size, gradient_accumulation_steps, tokens_per_iter = run.block_size, run.micro_steps, run.tokens_per_iter
 max_iters, warmup_iters, lr_decay_iters = run.max_iters, run.warmup_iters, run.lr_decay_iters
 vocab_size, meta_vocab_size = run.model['vocab_size'], meta['vocab_size'] if meta else None
-check_data_for_model(meta, init_from, source.checkpoint, dataset)  # the data's tokenizer must be the model's
+check_data_for_model(meta, init_from, source.checkpoint, data_label)  # the data's tokenizer must be the model's
 if meta_vocab_size and meta_vocab_size > vocab_size:
-    raise errors.UserError(f"dataset {dataset} has vocab_size {meta_vocab_size} but the model only "
+    raise errors.UserError(f"{data_label} has vocab_size {meta_vocab_size} but the model only "
                            f"{vocab_size}: the data and the model use different tokenizers")
 if sharded and (ckpt_every_tokens or hellaswag_interval):
     raise errors.UserError("ckpt_every_tokens and hellaswag_interval do not work with parallelism=fsdp yet: use "
@@ -197,6 +198,9 @@ log = TrainLog(out_dir, enabled=master_process)
 state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, rank, world_size)
 saver = checkpoint.Saver(out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, whose out_dir
 iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
+if iter_num >= max_iters and not eval_only:
+    print(f"nothing to train: the checkpoint is at step {iter_num:,}, max_iters={max_iters:,} (raise --max_iters "
+          f"or --max_tokens to train on)")
 source = None  # free up memory (a checkpoint's tensors)
 
 # the whole training step as one CUDA graph (gpt/stepgraph.py), where it can be: captured at the first step

@@ -464,7 +464,6 @@ def load_for_resume(out_dir, parallelism):
     The returned dict says where it came from under 'path' and, if sharded, 'sharded'."""
     sharded = sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
     path = sharded or os.path.join(out_dir, 'ckpt.pt')
-    print(f"Resuming training from {path}")
     if not sharded and sharded_checkpoint(out_dir) and not os.path.exists(path):
         raise UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
                         f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")

@@ -269,21 +269,30 @@ def dataset_dir(dataset):
     return os.path.join(REPO, "data", dataset)
 
 
+def dataset_label(dataset, data_dir=""):
+    """How messages name the data: the data_dir the user gave (then `dataset` plays no part), else the
+    dataset's name."""
+    return f"data_dir {data_dir}" if data_dir else f"dataset '{dataset}'"
+
+
 def find_dataset(dataset, data_dir="", verbose=False):
     """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
     folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
     verbose: print what it holds (describe_dataset)."""
-    data_dir = data_dir or dataset_dir(dataset)
-    hint = prepare_hint(dataset)
+    label = dataset_label(dataset, data_dir)
+    if data_dir:  # the folder's own prepare script is not known: the choices, writing into the folder
+        hint = f"python data/<{'|'.join(prepare_choices())}>/prepare.py --out_dir={data_dir}"
+    else:
+        data_dir, hint = dataset_dir(dataset), prepare_hint(dataset)
     if not os.path.isdir(data_dir):
-        raise UserError(f"dataset '{dataset}' not found: no folder {data_dir} (prepare one with `{hint}`, "
+        raise UserError(f"{label} not found: no folder {data_dir} (prepare one with `{hint}`, "
                         f"or point --data_dir at a folder of train.bin/val.bin or token shards)")
     meta = read_meta(data_dir)
     if verbose:
         print(describe_dataset(data_dir, meta))
     for split in ("train", "val"):  # here, before the run plan reads a checkpoint or names a download
         if not list_shards(data_dir, split) and not os.path.exists(os.path.join(data_dir, f"{split}.bin")):
-            raise UserError(f"dataset '{dataset}' has no {split} split in {data_dir} (no {split}.bin, no "
+            raise UserError(f"{label} has no {split} split in {data_dir} (no {split}.bin, no "
                             f"*_{split}_* shards): prepare it with `{hint}`")
     return data_dir, meta, hint
 

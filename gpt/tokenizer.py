@@ -293,7 +293,7 @@ def same_tokenizer(a, b):
         return None
 
 
-def check_data_for_model(data_meta, init_from, resumed, dataset):
+def check_data_for_model(data_meta, init_from, resumed, data_label):
     """One line when a dataset (its meta.json; None: GPT-2 BPE) is tokenized otherwise than the model it
     trains - a resumed checkpoint's (its dataset_meta; a nanoGPT checkpoint has none, and is not checked),
     GPT-2's, or a transformers folder's (its tokenizer.json, else GPT-2's) - with the way to prepare the data
@@ -317,6 +317,6 @@ def check_data_for_model(data_meta, init_from, resumed, dataset):
         how = f"`python data/shakespeare/prepare.py --tokenizer={tok} --out_dir=<a new folder>`"
     else:
         how = "the character-level dataset it was trained on (`python data/shakespeare_char/prepare.py`)"
-    raise UserError(f"dataset {dataset} is tokenized with {describe(data_meta)}, but the model ({model_from}) "
+    raise UserError(f"{data_label} is tokenized with {describe(data_meta)}, but the model ({model_from}) "
                     f"with {describe(model_meta)}: the ids would mean other tokens; prepare the data for this "
                     f"model: {how}")

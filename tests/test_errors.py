@@ -151,7 +151,11 @@ CASES = [
      ["no_such_dataset", "python data/<fineweb|openwebtext|shakespeare|shakespeare_char|text>/prepare.py"]),
     ("missing_train_bin", "train.py",
      lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), val=good_ids(100))}"],
-     ["train.bin", "python data/<fineweb|"]),
+     ["error: data_dir ", "has no train split", "train.bin", "python data/<fineweb|", "prepare.py --out_dir="]),
+    ("data_dir_tokenized_otherwise", "train.py",  # the message names the folder given, not --dataset's default
+     lambda tmp, s: ["--init_from=resume", f"--out_dir={s.checkpoint()}", "--dataset=openwebtext",
+                     f"--data_dir={write_dataset(os.path.join(tmp, 'd'), good_ids(4000), good_ids(1000), meta=False)}"],
+     ["error: data_dir ", "is tokenized with GPT-2 BPE, but the model"]),
     ("unknown_init_from", "train.py", lambda tmp, s: ["--init_from=scartch"], ["init_from", "scartch"]),
     ("resume_without_checkpoint", "train.py", lambda tmp, s: ["--init_from=resume"], ["no checkpoint", "ckpt.pt"]),
     ("unknown_config_key", "train.py", lambda tmp, s: ["--batch_sise=4"], ["batch_sise"]),

@@ -159,6 +159,14 @@ def test_resume_refuses_another_architecture_in_one_line(first_run, extra, named
     assert (first_run[1] / "ckpt.pt").read_bytes() == before  # nothing touched
 
 
+def test_resume_past_max_iters_says_there_is_nothing_to_train(first_run):
+    before = (first_run[1] / "ckpt.pt").read_bytes()
+    r = resume(first_run, "--max_iters=2")
+    assert "nothing to train: the checkpoint is at step 3, max_iters=2 (raise --max_iters" in r.stdout, r.stdout
+    assert r.stdout.count("Resuming training from") == 1
+    assert (first_run[1] / "ckpt.pt").read_bytes() == before
+
+
 def test_resume_in_the_first_runs_terms_runs_and_records_the_plan(first_run):
     # the first run's total_batch_size of 128 tokens: 2 micro-steps of 4 x 16 (the checkpoint's block_size)
     r = resume(first_run, "--total_batch_size=128", "--max_iters=5", "--zero_init_proj=True")

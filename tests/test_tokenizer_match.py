@@ -24,8 +24,8 @@ def test_character_data_for_a_gpt2_model_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 50257}')
     for init_from in ("gpt2", str(tmp_path)):  # a GPT-2 folder without tokenizer.json is GPT-2 BPE
         with pytest.raises(UserError) as e:
-            check_data_for_model(CHAR, init_from, None, "shakespeare_char")
-        assert str(e.value).startswith(f"dataset shakespeare_char is tokenized with characters, 3 of them, but the "
+            check_data_for_model(CHAR, init_from, None, "dataset 'shakespeare_char'")
+        assert str(e.value).startswith(f"dataset 'shakespeare_char' is tokenized with characters, 3 of them, but the "
                                        f"model ({init_from}) with GPT-2 BPE")
         assert "python data/shakespeare/prepare.py` and --dataset=shakespeare" in str(e.value)
     with pytest.raises(UserError, match="out/ckpt.pt.*GPT-2 BPE"):
