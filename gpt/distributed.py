@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.errors import UserError
+from gpt.errors import TORCHRUN_VARIABLES, UserError
 
 # train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, with their defaults (the
 # configurator sets them like train.py's own; docs/scaling.md measures them)
@@ -41,13 +41,42 @@ def wrap_args(options):
                 reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'])
 
 
+def launch(environ, gpus):
+    """(rank, local rank, world size) from the variables torchrun sets, or None without RANK (one process).
+    A launch that sets RANK but not the rest (a scheduler's own variables, a half-written script), or values
+    that cannot be, is one line; so is a local rank with no GPU of its own (gpus: this machine's count, 0
+    for a run off CUDA)."""
+    if "RANK" not in environ:
+        return None
+    how = "launch with torchrun (it sets them all), or unset RANK to train in one process"
+    missing = [k for k in TORCHRUN_VARIABLES if not environ.get(k)]
+    if missing:
+        raise UserError(f"RANK is set, so this is a torchrun launch, but {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not: {how}")
+    values = {}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
+        try:
+            values[key] = int(environ[key])
+        except ValueError:
+            raise UserError(f"{key}={environ[key]!r} is not a whole number: {how}") from None
+    rank, local_rank, world_size = values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"]
+    if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank <= rank):
+        raise UserError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} cannot be: ranks run "
+                        f"from 0 to WORLD_SIZE-1, a local rank is at most the rank; {how}")
+    if gpus and local_rank >= gpus:
+        raise UserError(f"process {local_rank} of this machine has no GPU: the machine has {gpus}, so start at "
+                        f"most {gpus} processes on it (torchrun --nproc_per_node={gpus})")
+    return rank, local_rank, world_size
+
+
 def init_process(device, backend, timeout_minutes):
     """Under torchrun, join the process group, each process on the GPU of its local rank. Returns (under
     torchrun?, rank, local rank, world size, this process's device); one process alone is rank 0 of 1."""
-    if int(os.environ.get("RANK", -1)) == -1:
-        return False, 0, 0, 1, device
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     cuda = device.split(":")[0] == "cuda"
+    ranks = launch(os.environ, torch.cuda.device_count() if cuda else 0)
+    if ranks is None:
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size = ranks
     if cuda:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)

@@ -27,6 +27,10 @@ import sys
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 
 
+# what torchrun sets in each process it starts (gpt/distributed.py's launch checks them)
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 class UserError(Exception):
     pass
 
@@ -79,7 +83,11 @@ def _torchrun_report(line):
                                                                       "timestamp": str(int(time.time()))}}}, f)
         except OSError:
             pass  # the summary then says less; the line is still printed by rank 0
-    return os.environ.get("RANK", "0") == "0"
+    # quiet only on a true torchrun rank other than 0; a half-set launch (RANK alone, RANK=x) says it, since
+    # then there may be no rank 0 to say it
+    env = os.environ
+    torchrun = all(env.get(k) for k in TORCHRUN_VARIABLES)
+    return not (torchrun and env["RANK"].isdigit() and int(env["RANK"]) != 0)
 
 
 def _excepthook(kind, value, tb):
