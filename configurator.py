@@ -13,7 +13,7 @@ assignments become overrides) or a `--key=value` flag (value parsed as a Python 
 string). Later arguments win. A config file sees its own path as __file__; an exception it raises,
 SystemExit included (a file cannot end the run unseen), is one line naming the file and line. Unknown keys
 and values of the wrong type stop the script with one line naming the key, the expected type and the given
-value; an int is accepted for a float.
+value; an int is accepted for a float. A folder or file setting that starts with ~ is under the user's home.
 
 The returned config also records which keys the user gave (config.given): every key a config file assigns
 or a flag sets, whatever its value. A value equal to the script's default still counts as given: resuming a
@@ -59,6 +59,16 @@ def _parse_flag(arg, current):
     except (ValueError, SyntaxError):
         value = raw
     return key, value
+
+
+def _expand_home(key, value):
+    """A folder or file setting (out_dir, data_dir, export_dir, init_from, output) that starts with ~: the
+    user's home, as the shell would have made it had the ~ not come after `--key=` (where no shell expands
+    it); else the run would write into a folder named '~' under the working directory."""
+    if (key.endswith("_dir") or key in ("init_from", "output")) and isinstance(value, str) \
+            and (value == "~" or value.startswith("~/")):
+        return os.path.expanduser(value)
+    return value
 
 
 class Config(dict):
@@ -162,6 +172,7 @@ def apply(g, argv, *sections):
             if arg.startswith("-"):
                 raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
             for key, value in _run_config_file(arg, config).items():
+                value = _expand_home(key, value)
                 print(f"config {arg}: {key} = {value!r}")
                 home[key][key] = _coerce(key, value, config[key], arg)
                 given.add(key)
@@ -172,6 +183,7 @@ def apply(g, argv, *sections):
             if key not in config:
                 raise UserError(f"unknown config key '{key}' (from {arg})")
             key, value = _parse_flag(arg, config[key])
+            value = _expand_home(key, value)
             print(f"config flag: {key} = {value!r}")
             home[key][key] = _coerce(key, value, config[key], arg)
             given.add(key)

@@ -38,7 +38,7 @@ settings.check_sample(configurator.apply(globals(), sys.argv[1:]))  # overrides 
 
 # the prompt, read before anything loads: a mistake in it is found at once
 if start.startswith('FILE:'):
-    prompt_path = start[5:]
+    prompt_path = os.path.expanduser(start[5:])  # FILE:~/prompt.txt: no shell expands a ~ after --start=
     if os.path.isdir(prompt_path):
         raise errors.UserError(f"prompt file {prompt_path} is a folder (from start=FILE:{prompt_path}): name a "
                                f"text file")

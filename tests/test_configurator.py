@@ -82,3 +82,17 @@ def test_scripts_answer_help(script, setting, tmp_path):
     assert r.stdout.startswith(f"usage: python {script} ") and any(line.startswith(f"  {setting}")
                                                                     for line in r.stdout.splitlines())
     assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_setting_starting_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    """No shell expands the ~ of --out_dir=~/runs (it is not at a word's start): without this the run would
+    write into a folder named '~' in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = tmp_path / "c.py"
+    cfg.write_text("data_dir = '~/data'\n")
+    g = dict(out_dir="out", data_dir="", init_from="scratch", start="\n", sample_prompt="hi")
+    configurator.apply(g, [str(cfg), "--out_dir=~/runs/a", "--init_from=~/hf", "--sample_prompt=~/not a path"])
+    assert g == dict(out_dir=f"{tmp_path}/runs/a", data_dir=f"{tmp_path}/data", init_from=f"{tmp_path}/hf",
+                     start="\n", sample_prompt="~/not a path")  # text settings stay as given
+    configurator.apply(g, ["--out_dir=~other/x", "--init_from=gpt2"])  # only ~ and ~/ are the user's home
+    assert g["out_dir"] == "~other/x" and g["init_from"] == "gpt2"
