@@ -320,12 +320,31 @@ def tiny_shakespeare(input_path, out_dir):
                         f"takes folders)")
     if not os.path.isfile(path):
         raise UserError(f"input file {path} does not exist")
+    return read_text(path), path
+
+
+# compressed text reads as its text: the openers of the standard library, by the file's last extension
+COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+
+
+def read_text(path, encoding="utf-8", errors="strict"):
+    """A text file's text, exactly (\r\n stays \r\n, so decoding the tokens gives back the file byte for
+    byte), also when it is gzip, bz2 or xz compressed; one line when it is not text in `encoding` or is
+    damaged. errors: Python's decoding errors ('replace': U+FFFD for each byte that does not decode)."""
+    kind = COMPRESSED.get(os.path.splitext(path)[1].lower())
     try:
-        # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read(), path
+        if kind:
+            import importlib
+            with importlib.import_module(kind).open(path, "rt", encoding=encoding, errors=errors, newline="") as f:
+                return f.read()
+        with open(path, encoding=encoding, errors=errors, newline="") as f:
+            return f.read()
     except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e})")
+        raise UserError(f"{path} is not {encoding} text ({e.reason} at byte {e.start}"
+                        f"{' of its uncompressed text' if kind else ''}): convert it, leave it out, or pass "
+                        f"--errors=replace (U+FFFD for each byte that does not decode)")
+    except (OSError, EOFError) as e:  # a damaged or cut-off archive (gzip.BadGzipFile, lzma.LZMAError are OSErrors)
+        raise UserError(f"{path} could not be read ({e}){': its ' + kind + ' data is damaged' if kind else ''}")
 
 
 # how each kind of local file is read by `datasets` (compressed ones too: .jsonl.gz, .csv.xz, ...)

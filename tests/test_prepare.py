@@ -278,3 +278,46 @@ def test_text_mistakes_are_one_line(args, words):
     assert r.returncode != 0
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
     assert all(w in r.stderr for w in words), r.stderr
+
+
+def test_compressed_and_other_encodings_read_as_their_text(tmp_path, texts):
+    """A corpus as it often comes: gzip/bz2/xz compressed, in Latin-1, or UTF-8 with a few stray bytes."""
+    import bz2
+    import gzip
+    import lzma
+    folder, text = texts
+    plain = tmp_path / "plain"
+    run("data/text/prepare.py", "--input", folder, "--out_dir", plain, "--block_size=32")
+    packed = tmp_path / "packed"
+    (packed / "part2").mkdir(parents=True)
+    (packed / "a.txt.gz").write_bytes(gzip.compress((folder / "a.txt").read_bytes()))
+    (packed / "part2" / "b.md.bz2").write_bytes(bz2.compress((folder / "part2" / "b.md").read_bytes()))
+    (packed / "c.bin.xz").write_bytes(lzma.compress(b"\x00 not text"))  # not a text name: left out
+    data = tmp_path / "from_packed"
+    r = run("data/text/prepare.py", "--input", packed, "--out_dir", data, "--block_size=32")
+    assert "2 file(s), 9,000 characters" in r.stdout
+    for name in ("train.bin", "val.bin", "meta.json"):  # the same dataset as from the plain files
+        assert (data / name).read_bytes() == (plain / name).read_bytes(), name
+
+    latin = tmp_path / "latin.txt.xz"
+    latin.write_bytes(lzma.compress(("café déjà vu " * 40).encode("latin-1")))
+    r = run("data/text/prepare.py", "--input", latin, "--out_dir", tmp_path / "x", "--block_size=32", check=False)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: {latin} is not utf-8 text (invalid continuation byte at byte 3 of its uncompressed text): "
+        f"convert it, leave it out, or pass --errors=replace (U+FFFD for each byte that does not decode)")
+    r = run("data/text/prepare.py", "--input", latin, "--out_dir", tmp_path / "l1", "--block_size=32",
+            "--encoding=latin-1")
+    assert set(json.loads((tmp_path / "l1" / "meta.json").read_text())["itos"]) == set("café déjàvu")
+    r = run("data/text/prepare.py", "--input", latin, "--out_dir", tmp_path / "rep", "--block_size=32",
+            "--errors=replace")
+    assert "120 U+FFFD characters in the text" in r.stdout  # é, é and à, 40 times over
+
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(text.encode())[:500])
+    for args, line in [([cut], f"error: {cut} could not be read (Compressed file ended before the "
+                                f"end-of-stream marker was reached): its gzip data is damaged"),
+                       ([latin, "--encoding=klingon"], "error: --encoding 'klingon' is not a text encoding Python "
+                                                       "knows (e.g. utf-8, latin-1)")]:
+        r = run("data/text/prepare.py", "--input", *args, "--out_dir", tmp_path / "y", check=False)
+        assert r.returncode == 2 and r.stderr.strip() == line, r.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

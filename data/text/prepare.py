@@ -10,9 +10,10 @@ data/<name>/train.bin, val.bin and meta.json (and tokenizer.json for a BPE of it
     python sample.py --out_dir=out-novel
 
 Each file is one document; a folder gives its files with the extensions below (and any of its
-subfolders'), in path order. Tokenizers with an end-of-text token (gpt2, train, most tokenizer.json
-files) get one after every document; characters have none, so the files are simply joined. The last
---val_fraction of the tokens (but at least --block_size + 1 of them, one training window) is val.
+subfolders'), in path order; files compressed with gzip, bz2 or xz (novel.txt.gz) are read as text.
+Tokenizers with an end-of-text token (gpt2, train, most tokenizer.json files) get one after every
+document; characters have none, so the files are simply joined. The last --val_fraction of the tokens
+(but at least --block_size + 1 of them, one training window) is val.
 """
 import argparse
 import os
@@ -20,12 +21,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import dataset_dir, write_meta, write_tokens
+from gpt.data import COMPRESSED, dataset_dir, read_text, write_meta, write_tokens
 from gpt.errors import UserError
 from gpt.tokenizer import Tokenizer, char_meta, dataset_tokenizer
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
 TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")
+
+
+def is_text_name(name):
+    """Whether a file in a folder is text by its name: a text extension, compressed or not (notes.md.gz)."""
+    stem, ext = os.path.splitext(name.lower())
+    return (stem if ext in COMPRESSED else name.lower()).endswith(TEXT_EXTENSIONS)
 
 
 def text_files(inputs):
@@ -39,23 +46,13 @@ def text_files(inputs):
             found = []
             for root, dirs, names in os.walk(path):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
-                found += [os.path.join(root, n) for n in names
-                          if not n.startswith(".") and n.lower().endswith(TEXT_EXTENSIONS)]
+                found += [os.path.join(root, n) for n in names if not n.startswith(".") and is_text_name(n)]
             if not found:
                 raise UserError(f"--input {path}: the folder holds no text files ({', '.join(TEXT_EXTENSIONS)})")
             files += sorted(found)
         else:
             raise UserError(f"--input {path} does not exist")
     return files
-
-
-def read_text(path):
-    try:
-        # newline="" keeps \r\n as it is, so decoding the tokens gives back the file byte for byte
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out")
 
 
 def main(argv=None):
@@ -67,6 +64,9 @@ def main(argv=None):
                         help="char (default), gpt2, train (a byte-level BPE trained on this text), "
                              "or the path of a tokenizers JSON file")
     parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
+    parser.add_argument("--encoding", default="utf-8", help="the files' text encoding (e.g. latin-1)")
+    parser.add_argument("--errors", default="strict", choices=("strict", "replace"),
+                        help="bytes that do not decode: strict stops with an error, replace makes each U+FFFD")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="the share of tokens kept for val")
     parser.add_argument("--block_size", type=int, default=256,
                         help="the context you will train with: val and train get at least one window each")
@@ -85,7 +85,14 @@ def main(argv=None):
     out_dir = args.out_dir or dataset_dir(args.name)
 
     files = text_files(args.input)
-    docs = [read_text(f) for f in files]
+    try:
+        "".encode(args.encoding)
+    except LookupError:
+        raise UserError(f"--encoding {args.encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1)")
+    docs = [read_text(f, args.encoding, args.errors) for f in files]
+    if args.errors == "replace":
+        print(f"{sum(doc.count(chr(0xFFFD)) for doc in docs):,} U+FFFD characters in the text (each byte that "
+              f"did not decode is one)")
     if not any(docs):
         raise UserError(f"the {len(files)} input file(s) hold no text")
     print(f"{len(files):,} file(s), {sum(map(len, docs)):,} characters")
