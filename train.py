@@ -130,7 +130,7 @@ dtype = hardware.resolve_dtype(dtype, device_type)
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_label = dataset_label(dataset, data_dir)  # how messages name it: data_dir, when one is given
-data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, verbose=master_process)  # says what it found
+data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, master_process, named='dataset' in config.given)
 source = plan.source(init_from, out_dir, parallelism)  # a checkpoint, a pretrained model, or nothing: only read
 run = plan.make(config, source, meta, world_size, device, dtype, verbose=master_process)
 config = dict(run.settings)  # every setting as the run uses it: what checkpoints and log.jsonl record

@@ -256,8 +256,8 @@ def prepare_choices():
 
 
 def prepare_hint(dataset):
-    """The command that prepares `dataset`, or the choices when it has no prepare script."""
-    if os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
+    """The command that prepares `dataset`, or the choices when it has no prepare script (or is '')."""
+    if dataset and os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
     if not prepare_choices():
         return "the prepare.py of a dataset in the checkout's data/ folder"
@@ -275,13 +275,14 @@ def dataset_label(dataset, data_dir=""):
     return f"data_dir {data_dir}" if data_dir else f"dataset '{dataset}'"
 
 
-def find_dataset(dataset, data_dir="", verbose=False):
+def find_dataset(dataset, data_dir="", verbose=False, named=True):
     """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
     folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
-    verbose: print what it holds (describe_dataset)."""
+    verbose: print what it holds (describe_dataset). named: whether the user chose `dataset` (else it is
+    the script's default, which says nothing of what a data_dir they gave should hold)."""
     label = dataset_label(dataset, data_dir)
-    if data_dir:  # the folder's own prepare script is not known: the choices, writing into the folder
-        hint = f"python data/<{'|'.join(prepare_choices())}>/prepare.py --out_dir={data_dir}"
+    if data_dir:  # the named dataset's script (else the choices), writing into the folder
+        hint = f"{prepare_hint(dataset if named else '')} --out_dir={data_dir}"
     else:
         data_dir, hint = dataset_dir(dataset), prepare_hint(dataset)
     if not os.path.isdir(data_dir):

@@ -40,7 +40,6 @@ def check_train(c):
     init_from = c['init_from']
     if not c['out_dir'].strip():
         raise UserError("out_dir is empty: give the folder the run writes to, e.g. --out_dir=out")
-    check_decay(c['learning_rate'], c['min_lr'], c['lr_schedule'] if c['decay_lr'] else 'none')
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
@@ -78,6 +77,7 @@ def check_train(c):
             ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "
                                                             "(drawn on the run's device: faster on a GPU, other "
                                                             "weights for the seed)")], c)
+    check_decay(c['learning_rate'], c['min_lr'], c['lr_schedule'] if c['decay_lr'] else 'none')  # both valid
 
 
 def check_sample(c):

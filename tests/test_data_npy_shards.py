@@ -64,8 +64,11 @@ def test_an_unknown_dataset_names_the_real_prepare_scripts():
     choices = sorted(os.path.basename(os.path.dirname(p)) for p in scripts)
     assert f"python data/<{'|'.join(choices)}>/prepare.py" in str(e.value) and "text" in choices
     assert "data/npy/prepare.py" not in str(e.value)
-    with pytest.raises(UserError, match="`python data/fineweb/prepare.py`"):
-        find_dataset("fineweb", "/nonexistent/folder")
+    with pytest.raises(UserError, match="^data_dir /nowhere not found: .*`python data/fineweb/prepare.py "
+                                        "--out_dir=/nowhere`"):
+        find_dataset("fineweb", "/nowhere")  # --dataset=fineweb --data_dir=/nowhere
+    with pytest.raises(UserError, match=r"`python data/<fineweb\|openwebtext\|.*>/prepare.py --out_dir=/nowhere`"):
+        find_dataset("openwebtext", "/nowhere", named=False)  # --data_dir alone: openwebtext is only the default
 
 
 def test_train_on_build_nanogpt_shards(npy_dir, tmp_path):
