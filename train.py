@@ -117,6 +117,7 @@ config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options
 # machine make one frozen plan (gpt/plan.py); every check that can fail runs; only then is out_dir claimed (an
 # earlier run moved aside), are weights downloaded and the model built.
 settings.check_train(config)  # values that are the right type but make no sense: one line each
+unused = settings.inert(config)  # settings the user gave that this run's others make do nothing: said below
 if wandb_log:
     check_wandb()  # installed, and a key or offline mode: now, not after the model is built
 
@@ -256,6 +257,8 @@ def print_samples():
 # logging
 if master_process:
     print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
+    for line in unused:
+        print(f"note: {line}")
 log.write(kind='plan', step=iter_num, **run.record())  # each launch's plan, as its checkpoints record it
 if wandb_log and master_process:
     log.wandb = start_wandb(wandb_project, wandb_run_name, config, state['wandb_run_id'])  # gets every log row

@@ -46,7 +46,6 @@ decay_lr = True
 batch_size = 32
 gradient_accumulation_steps = 2
 max_iters = 180
-lr_decay_iters = 180
 
 # the clock starts at launch, so evaluate as little as gives a reading: at step 0 (always) and at the end,
 # on 5 batches; the verdict is scripts/speedrun.py's pass over the whole of val.bin on the saved checkpoint

@@ -80,6 +80,36 @@ def check_train(c):
     check_decay(c['learning_rate'], c['min_lr'], c['lr_schedule'] if c['decay_lr'] else 'none')  # both valid
 
 
+def inert(c):
+    """The settings the user gave (config files or flags: c.given) that this run's other settings make do
+    nothing, as lines "key=value does nothing here: why". train.py prints each as a note, not an error: a
+    config file may set what a flag then turns off (--lr_schedule=wsd over a cosine config's lr_decay_iters)."""
+    sched = c['lr_schedule'] if c['decay_lr'] else 'none'
+    no_sampling = "sample_interval=0 draws no samples during training"
+    rules = [
+        (('warmup_iters', 'warmup_tokens'), sched == 'none',
+         "decay_lr=False is nanoGPT's constant learning_rate without warm-up (lr_schedule='constant' warms up, "
+         "then stays)"),
+        (('lr_decay_iters', 'lr_decay_tokens'), sched in ('constant', 'wsd', 'none'),
+         f"only lr_schedule='cosine' decays over lr_decay_iters (this run: "
+         f"{'decay_lr=False' if sched == 'none' else repr(sched)}"
+         f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})"),
+        (('lr_decay_frac',), sched != 'wsd', "only lr_schedule='wsd' uses it"),
+        (('min_lr',), sched in ('constant', 'none'), "a constant learning_rate never decays to it"),
+        (('lr_schedule',), sched == 'none', "decay_lr=False keeps learning_rate constant, whatever the schedule"),
+        (('muon_momentum', 'muon_weight_decay', 'muon_shard'), c['muon_lr'] == 0, "muon_lr=0 trains with AdamW alone"),
+        (('sample_prompt', 'sample_max_tokens', 'sample_top_p', 'num_samples_train'), c['sample_interval'] == 0,
+         no_sampling),
+        (('dashboard_port',), not c['dashboard'], "dashboard=False serves no dashboard"),
+        (('compile_scope',), not c['compile'], "compile=False compiles nothing"),
+        (('keep_checkpoints',), c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0,
+         "checkpoint_interval=-1 saves no checkpoints"),
+    ]
+    given = getattr(c, 'given', ())
+    return [f"{key}={c[key]!r} does nothing here: {why}"
+            for keys, unused, why in rules if unused for key in keys if key in given]
+
+
 def check_sample(c):
     """sample.py's settings."""
     check_init_folder(c['init_from'])

@@ -14,7 +14,7 @@ for extra in "$@"; do
     n=$(echo "$extra" | sed -n 's/.*--max_iters=\([0-9]*\).*/\1/p'); n=${n:-260}
     start=$(date +%s.%N)
     # shellcheck disable=SC2086
-    python train.py config/speedrun_gcide.py --out_dir="$dir" --lr_decay_iters="$n" --eval_interval="$n" \
+    python train.py config/speedrun_gcide.py --out_dir="$dir" --eval_interval="$n" \
         --checkpoint_interval="$n" $extra > "$out/sweep-$i.log" 2>&1 || { echo "run $i failed: $extra"; tail -5 "$out/sweep-$i.log"; continue; }
     wall=$(python -c "import time; print(f'{time.time() - $start:.1f}')")
     python - "$dir" "$out/sweep-$i.log" "$extra" "$wall" <<'EOF'

@@ -161,8 +161,9 @@ def test_resume_refuses_another_architecture_in_one_line(first_run, extra, named
 
 def test_resume_past_max_iters_says_there_is_nothing_to_train(first_run):
     before = (first_run[1] / "ckpt.pt").read_bytes()
-    r = resume(first_run, "--max_iters=2")
+    r = resume(first_run, "--max_iters=2", "--lr_decay_frac=0.3")
     assert "nothing to train: the checkpoint is at step 3, max_iters=2 (raise --max_iters" in r.stdout, r.stdout
+    assert "\nnote: lr_decay_frac=0.3 does nothing here: only lr_schedule='wsd' uses it\n" in r.stdout
     assert r.stdout.count("Resuming training from") == 1
     assert (first_run[1] / "ckpt.pt").read_bytes() == before
 
