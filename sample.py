@@ -33,7 +33,10 @@ device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
 compile = False  # compile the one-token decode step: ~10% faster per token, after ~10-20 s of compiling
 # -----------------------------------------------------------------------------
-settings.check_sample(configurator.apply(globals(), sys.argv[1:]))  # overrides from command line or config file
+config = configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
+settings.check_sample(config)
+for line in settings.inert_sample(config):  # settings given that the others make do nothing
+    print(f"note: {line}")
 # -----------------------------------------------------------------------------
 
 # the prompt, read before anything loads: a mistake in it is found at once

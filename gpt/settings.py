@@ -105,6 +105,19 @@ def inert(c):
         (('keep_checkpoints',), c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0,
          "checkpoint_interval=-1 saves no checkpoints"),
     ]
+    return _unused(c, rules)
+
+
+def inert_sample(c):
+    """inert's lines for sample.py's settings."""
+    greedy = "temperature=0 decodes greedily (the likeliest token), so no token is drawn"
+    return _unused(c, [(('top_k', 'top_p'), c['temperature'] == 0, greedy),
+                       (('out_dir',), c['init_from'] != 'resume',
+                        f"init_from={c['init_from']!r} loads that model, not out_dir's checkpoint")])
+
+
+def _unused(c, rules):
+    """(keys, whether they are unused, why) rules -> a line for each unused key the user gave (c.given)."""
     given = getattr(c, 'given', ())
     return [f"{key}={c[key]!r} does nothing here: {why}"
             for keys, unused, why in rules if unused for key in keys if key in given]

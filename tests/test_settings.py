@@ -1,0 +1,52 @@
+"""
+Settings the user gave that the run's other settings make do nothing: named in a note line each
+(gpt/settings.py's inert and inert_sample), never accepted in silence.
+"""
+import configurator
+from gpt.settings import inert, inert_sample
+
+
+def test_settings_given_that_do_nothing_are_named():
+    base = dict(decay_lr=True, lr_schedule='cosine', warmup_iters=10, warmup_tokens=0, lr_decay_iters=100,
+                lr_decay_tokens=0, lr_decay_frac=0.2, min_lr=6e-5, muon_lr=0.0, muon_momentum=0.95,
+                muon_weight_decay=0.0, muon_shard=True, sample_interval=0, sample_prompt="Hi", sample_max_tokens=32,
+                sample_top_p=1.0, num_samples_train=4, dashboard=False, dashboard_port=8000, compile=True,
+                compile_scope='model', keep_checkpoints=0, checkpoint_interval=0, ckpt_every_tokens=0)
+
+    def notes(given, **values):
+        return inert(configurator.Config({**base, **values}, given))
+    assert notes(base.keys()) == ["lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
+                                  "muon_momentum=0.95 does nothing here: muon_lr=0 trains with AdamW alone",
+                                  "muon_weight_decay=0.0 does nothing here: muon_lr=0 trains with AdamW alone",
+                                  "muon_shard=True does nothing here: muon_lr=0 trains with AdamW alone",
+                                  "sample_prompt='Hi' does nothing here: sample_interval=0 draws no samples during "
+                                  "training", *[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no "
+                                                f"samples during training" for k in ("sample_max_tokens",
+                                                                                     "sample_top_p",
+                                                                                     "num_samples_train")],
+                                  "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
+    assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
+    # the schedule's: a flag that turns a config file's setting off
+    assert notes({"lr_decay_iters", "lr_schedule"}, lr_schedule='wsd') == [
+        "lr_decay_iters=100 does nothing here: only lr_schedule='cosine' decays over lr_decay_iters (this run: "
+        "'wsd', which decays over the last lr_decay_frac of max_iters)"]
+    assert notes({"warmup_iters", "min_lr", "lr_schedule"}, decay_lr=False) == [
+        "warmup_iters=10 does nothing here: decay_lr=False is nanoGPT's constant learning_rate without warm-up "
+        "(lr_schedule='constant' warms up, then stays)",
+        "min_lr=6e-05 does nothing here: a constant learning_rate never decays to it",
+        "lr_schedule='cosine' does nothing here: decay_lr=False keeps learning_rate constant, whatever the schedule"]
+    assert notes({"compile_scope", "keep_checkpoints"}, compile=False, checkpoint_interval=-1, keep_checkpoints=3) \
+        == ["compile_scope='model' does nothing here: compile=False compiles nothing",
+            "keep_checkpoints=3 does nothing here: checkpoint_interval=-1 saves no checkpoints"]
+    assert notes({"muon_momentum", "lr_decay_frac", "sample_prompt"}, muon_lr=0.02, lr_schedule='wsd',
+                 sample_interval=10) == []  # each in use
+
+
+def test_sample_settings_that_do_nothing_are_named():
+    base = dict(temperature=0.8, top_k=200, top_p=1.0, init_from='resume', out_dir='out')
+    notes = lambda given, **kw: inert_sample(configurator.Config({**base, **kw}, given))  # noqa: E731
+    assert notes({"top_k", "top_p", "out_dir"}) == []
+    assert notes({"top_k", "top_p", "out_dir"}, temperature=0.0, init_from='gpt2') == [
+        "top_k=200 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn",
+        "top_p=1.0 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn",
+        "out_dir='out' does nothing here: init_from='gpt2' loads that model, not out_dir's checkpoint"]
