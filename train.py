@@ -157,14 +157,18 @@ def loader(split, stream):
 train_loader = loader('train', stream=0)
 loader('val', stream=1)  # check the val split now, not at the first evaluation
 tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
+writes = not eval_only  # an evaluation writes nothing to out_dir: no log, no checkpoint, no earlier run moved
 if master_process:
-    rundir.check(out_dir, fresh=run.init != 'resume')  # writable, and no live run in it
+    if writes:
+        rundir.check(out_dir, fresh=run.init != 'resume')  # writable, and no live run in it
+    else:
+        print(f"eval_only: the losses are printed; nothing is written to {out_dir}")
     print(f"tokens per iteration will be: {tokens_per_iter:,}")
 
 # -----------------------------------------------------------------------------
 # side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
 claim = None  # out_dir: locked for this run, an earlier run's files moved aside by a new one
-if master_process:
+if master_process and writes:
     claim = rundir.claim(out_dir, fresh=run.init != 'resume')
     errors.on_failure(claim.undo)  # a run that fails before its first step leaves out_dir as it found it
 if hellaswag_interval:
@@ -195,7 +199,7 @@ optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, 
                                            parallelism=parallelism, **muon_options)
 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
-log = TrainLog(out_dir, enabled=master_process)
+log = TrainLog(out_dir, enabled=master_process and writes)
 state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, rank, world_size)
 saver = checkpoint.Saver(out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, whose out_dir
 iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']

@@ -203,3 +203,20 @@ def test_cuda_graph_is_off_with_a_note_where_it_cannot_run(char_data, tmp_path):
     assert [n for n, _, _ in evals(tmp_path / "out")] == [0, 20]
     state = load(tmp_path / "out")['optimizer']
     assert all(type(g['lr']) is float and g['capturable'] is False for g in state['param_groups'])
+
+
+def test_eval_only_writes_nothing_to_out_dir(char_data, trained, tmp_path):
+    """An evaluation (config/eval_gpt2.py's eval_only=True) reads: a new model's evaluation moves no earlier
+    run aside, a resumed one's leaves the run's log.jsonl as it was (no rows dropped, none added)."""
+    data_dir, _ = char_data
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    resumed_val = evals(trained)[-1][2]
+    for init_from in ("resume", "scratch"):
+        r = train(data_dir, out, init_from=init_from, eval_only=True, eval_iters=10)
+        assert f"eval_only: the losses are printed; nothing is written to {out}" in r.stdout
+        step = "step 300" if init_from == "resume" else "step 0"
+        assert any(line.startswith(f"{step}: train loss") for line in r.stdout.splitlines()), r.stdout[-2000:]
+        assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before, init_from
+    assert f"val loss {resumed_val:.4f}" in train(data_dir, out, init_from="resume", eval_only=True).stdout
