@@ -151,25 +151,25 @@ def test_unknown_compile_scope_stops_train_before_anything_is_written(tmp_path):
     assert r.stderr.strip().splitlines()[-1].startswith("error: compile_scope='layers' makes no sense")
 
 
-TORCHRUN = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+LAUNCH_ENV = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
 
 
 def test_a_launch_is_read_from_torchruns_variables_or_refused_in_one_line():
     from gpt.distributed import launch
     from gpt.errors import UserError
     assert launch({}, gpus=8) is None  # no RANK: one process
-    assert launch(TORCHRUN, gpus=2) == (1, 1, 2) and launch(TORCHRUN, gpus=0) == (1, 1, 2)
+    assert launch(LAUNCH_ENV, gpus=2) == (1, 1, 2) and launch(LAUNCH_ENV, gpus=0) == (1, 1, 2)
     with pytest.raises(UserError, match="RANK is set, so this is a torchrun launch, but LOCAL_RANK, WORLD_SIZE, "
                                         "MASTER_ADDR, MASTER_PORT are not: launch with torchrun"):
         launch({"RANK": "0"}, gpus=1)  # a scheduler's own RANK, say, with python train.py
     with pytest.raises(UserError, match="LOCAL_RANK='x' is not a whole number"):
-        launch({**TORCHRUN, "LOCAL_RANK": "x"}, gpus=1)
+        launch({**LAUNCH_ENV, "LOCAL_RANK": "x"}, gpus=1)
     for bad in ({"RANK": "2"}, {"LOCAL_RANK": "-1"}, {"WORLD_SIZE": "0"}, {"RANK": "0", "LOCAL_RANK": "1"}):
         with pytest.raises(UserError, match="cannot be: ranks run from 0 to WORLD_SIZE-1"):
-            launch({**TORCHRUN, **bad}, gpus=8)
+            launch({**LAUNCH_ENV, **bad}, gpus=8)
     with pytest.raises(UserError, match=r"process 1 of this machine has no GPU: the machine has 1, so start at "
                                         r"most 1 processes on it \(torchrun --nproc_per_node=1\)"):
-        launch(TORCHRUN, gpus=1)
+        launch(LAUNCH_ENV, gpus=1)
 
 
 def test_a_half_set_launch_is_one_line_from_train(tmp_path):
