@@ -38,6 +38,8 @@ def check_init_folder(init_from):
 def check_train(c):
     """train.py's settings."""
     init_from = c['init_from']
+    if not c['dataset'].strip() and not c['data_dir'].strip():
+        raise UserError("dataset is empty: name one (e.g. --dataset=shakespeare_char), or give --data_dir")
     if not c['out_dir'].strip():
         raise UserError("out_dir is empty: give the folder the run writes to, e.g. --out_dir=out")
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):

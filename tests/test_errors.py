@@ -344,6 +344,7 @@ CASES += [
     ("min_lr_above_learning_rate", "train.py", lambda tmp, s: ["--learning_rate=1e-5"],
      ["min_lr=6e-05 is above learning_rate=1e-05", "rise", "--min_lr"]),
     ("out_dir_empty", "train.py", lambda tmp, s: ["--out_dir="], ["out_dir is empty"]),
+    ("dataset_empty", "train.py", lambda tmp, s: ["--dataset=", "--data_dir="], ["dataset is empty", "--data_dir"]),
     ("sample_prompt_file_is_a_folder", "sample.py", lambda tmp, s: [f"--out_dir={tmp}", f"--start=FILE:{tmp}"],
      ["is a folder (from start=FILE:", "name a text file"]),
     ("sample_checkpoint_not_torch", "sample.py", lambda tmp, s: [f"--out_dir={folder_with(tmp, {'ckpt.pt': 'hi'})}"],
