@@ -408,8 +408,13 @@ def load_local_splits(path, num_proc=1, streaming=False):
     extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
     if streaming:
         return datasets.load_dataset(kind, data_files=files, split="train", streaming=True, **extra), None
-    return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)),
-                                 **extra), None
+    try:
+        return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)),
+                                     **extra), None
+    except datasets.exceptions.DatasetGenerationError as e:  # a file that is not what its name says
+        cause = e.__cause__ or e
+        raise UserError(f"--local {path}: could not read it as {kind} ({type(cause).__name__}: "
+                        f"{' '.join(str(cause).split())[:300]})") from None
 
 
 def load_local_documents(path, num_proc=1):

@@ -267,3 +267,15 @@ def test_a_shard_that_is_a_folder_is_one_line(tmp_path):
     os.makedirs(tmp_path / "t_train_000001.bin")
     with pytest.raises(UserError, match="is a folder"):
         open_shard(str(tmp_path / "t_train_000001.bin"))
+
+
+@pytest.mark.needs("datasets")
+def test_rows_without_text_are_skipped_and_counted(docs, tmp_path):
+    src, out = tmp_path / "docs.jsonl", tmp_path / "out"
+    rows = [{"text": d} for d in docs[:10]] + [{"id": 1}, {"text": None}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    r = prepare(src, out, tmp_path / "hf_cache")
+    assert r.returncode == 0 and "skipped 2 row(s) whose 'text' is missing, null or not text" in r.stdout, r.stderr
+    names = list_shards(str(out), "val") + list_shards(str(out), "train")
+    want = np.concatenate([np.array(t) for t in expected_tokens(docs[:10])])
+    assert np.array_equal(np.concatenate([open_shard(name) for name in names]), want)

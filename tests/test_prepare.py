@@ -321,3 +321,25 @@ def test_compressed_and_other_encodings_read_as_their_text(tmp_path, texts):
         r = run("data/text/prepare.py", "--input", *args, "--out_dir", tmp_path / "y", check=False)
         assert r.returncode == 2 and r.stderr.strip() == line, r.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.mark.needs("datasets")
+def test_rows_without_text_are_skipped_and_counted_and_a_file_that_is_not_its_kind_is_one_line(tmp_path,
+                                                                                              gpt2_ranks_path):
+    """Real exports have rows without the text field, or with null there: they are no document, said in a
+    line (a traceback from inside datasets' map before); a .jsonl that is not JSON is one line."""
+    rows = [{"text": d} for d in DOCS] + [{"id": 1}, {"text": None}, {"text": 7}]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "clean.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    for extra in ([], ["--streaming"]):
+        out = prepare_local("--local", tmp_path / "docs.jsonl", "--out_dir", tmp_path / "with", *extra)
+        assert "skipped 3 row(s) whose 'text' is missing, null or not text" in out
+    prepare_local("--local", tmp_path / "clean.jsonl", "--out_dir", tmp_path / "clean")
+    n = lambda folder: sum(len(tokens(folder, s)) for s in ("train", "val"))  # noqa: E731
+    assert n(tmp_path / "with") == n(tmp_path / "clean")  # the same documents' tokens, nothing for the 3 rows
+    (tmp_path / "broken.jsonl").write_text("not json at all\n")
+    r = run("data/openwebtext/prepare.py", "--local", tmp_path / "broken.jsonl", "--out_dir", tmp_path / "x",
+            check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # datasets logs its own line before
+    assert r.stderr.strip().splitlines()[-1] == (f"error: --local {tmp_path / 'broken.jsonl'}: could not read it as "
+                                                 f"json (ArrowInvalid: JSON parse error: Invalid value. in row 0)")

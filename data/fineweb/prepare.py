@@ -31,6 +31,8 @@ from gpt.tokenizer import gpt2_encoding
 
 def tokenize(text):
     # runs in the pool's workers; gpt2_encoding() is cached per process
+    if not isinstance(text, str):  # a row without the column (null), or a number: no document, counted
+        return np.zeros(0, dtype=np.uint16)
     enc = gpt2_encoding()
     ids = np.array([enc.eot_token] + enc.encode_ordinary(text))  # the eot token delimits all documents
     if ids.min() < 0 or ids.max() >= 2**16:
@@ -103,9 +105,10 @@ def main():
     # fill one shard-sized buffer after another; a document that overflows one continues in the next
     os.makedirs(args.out_dir, exist_ok=True)
     buf = np.empty(args.shard_size, dtype=np.uint16)
-    index, filled, total, bar = 0, 0, 0, None
+    index, filled, total, bar, skipped = 0, 0, 0, None, 0
     with multiprocessing.Pool(args.num_proc) as pool:
         for ids in pool.imap(tokenize, documents(dataset, args.text_column), chunksize=16):
+            skipped += not len(ids)  # every document has at least its end-of-text token
             while len(ids):
                 if bar is None:  # disable=None: no bar when stderr is not a terminal
                     bar = tqdm(total=args.shard_size, unit="tokens", desc=f"shard {index}", disable=None)
@@ -121,6 +124,8 @@ def main():
         bar.close()
         save(shard_path(args.out_dir, index), buf[:filled])
         index += 1
+    if skipped:
+        print(f"skipped {skipped:,} row(s) whose {args.text_column!r} is missing, null or not text")
     if index == 0:
         raise UserError("the dataset has no documents")
     if index == 1:

@@ -91,10 +91,20 @@ tokenizer_file = os.path.join(args.out_dir, meta.get("tokenizer_file", ""))
 # tokenize the dataset; the tokenizer is fetched inside the worker (cached per process) rather than captured,
 # so the function pickles small and datasets can fingerprint it for its cache
 def process(example):
+    text = example[args.text_column]
+    if not isinstance(text, str):  # a row without the column (null), or a number: no document; counted below
+        return {"ids": [], "len": 0}
     tok = get_tokenizer(None) if meta["tokenizer"] == "gpt2" else hf_tokenizer_file(tokenizer_file, meta["eot"])
-    ids = tok.encode_ordinary(example[args.text_column])  # special tokens in the text are plain text
+    ids = tok.encode_ordinary(text)  # special tokens in the text are plain text
     ids.append(meta["eot"])  # add the end of text token, e.g. 50256 for gpt2 bpe
     return {"ids": ids, "len": len(ids)}
+
+
+def say_skipped(lengths):
+    """Rows whose text column held no text (every document has at least its end-of-text token)."""
+    skipped = int((np.asarray(lengths) == 0).sum())
+    if skipped:
+        print(f"skipped {skipped:,} row(s) whose {args.text_column!r} is missing, null or not text")
 
 
 def encode_text(text):
@@ -117,6 +127,7 @@ if args.streaming:
     # datasets' train_test_split is rng(seed).permutation(n), its first ceil(n * val_fraction) being val
     tmp_train = os.path.join(args.out_dir, "documents.tmp")
     lengths = stream_tokens(dataset, tmp_train)
+    say_skipped(lengths)
     sources = {"train": (tmp_train, lengths)}
     if given_val is not None:
         tmp_val = os.path.join(args.out_dir, "val_documents.tmp")
@@ -152,6 +163,7 @@ tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
                               desc="tokenizing the splits", num_proc=args.num_proc)
 
 # concatenate all the ids in each dataset into one large file we can use for training
+say_skipped(np.concatenate([dset["len"] for dset in tokenized.values()]))
 for split, dset in tokenized.items():
     arr_len = int(np.sum(dset["len"], dtype=np.uint64))
     filename = os.path.join(args.out_dir, f"{split}.bin")
