@@ -62,10 +62,11 @@ def _parse_flag(arg, current):
 
 
 def _expand_home(key, value):
-    """A folder or file setting (out_dir, data_dir, export_dir, init_from, output) that starts with ~: the
-    user's home, as the shell would have made it had the ~ not come after `--key=` (where no shell expands
-    it); else the run would write into a folder named '~' under the working directory."""
-    if (key.endswith("_dir") or key in ("init_from", "output")) and isinstance(value, str) \
+    """A folder or file setting (out_dir, data_dir, export_dir, init_from, hellaswag.py's path, plot.py's
+    output) that starts with ~: the user's home, as the shell would have made it had the ~ not come after
+    `--key=` (where no shell expands it); else the run would write into a folder named '~' under the working
+    directory."""
+    if (key.endswith(("_dir", "_path", "_file")) or key in ("init_from", "output", "path")) and isinstance(value, str) \
             and (value == "~" or value.startswith("~/")):
         return os.path.expanduser(value)
     return value
