@@ -163,9 +163,10 @@ tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
                               desc="tokenizing the splits", num_proc=args.num_proc)
 
 # concatenate all the ids in each dataset into one large file we can use for training
-say_skipped(np.concatenate([dset["len"] for dset in tokenized.values()]))
+lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
+say_skipped(np.concatenate(list(lengths.values())))
 for split, dset in tokenized.items():
-    arr_len = int(np.sum(dset["len"], dtype=np.uint64))
+    arr_len = int(lengths[split].sum())
     filename = os.path.join(args.out_dir, f"{split}.bin")
     # write under a temporary name and rename at the end: an interrupted run leaves no valid-looking half file
     with atomic_path(filename) as tmp:

@@ -82,13 +82,13 @@ def main(argv=None):
         raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     if args.block_size < 1:
         raise UserError(f"--block_size must be at least 1, got {args.block_size}")
-    out_dir = args.out_dir or dataset_dir(args.name)
-
-    files = text_files(args.input)
     try:
         "".encode(args.encoding)
     except LookupError:
         raise UserError(f"--encoding {args.encoding!r} is not a text encoding Python knows (e.g. utf-8, latin-1)")
+    out_dir = args.out_dir or dataset_dir(args.name)
+
+    files = text_files(args.input)
     docs = [read_text(f, args.encoding, args.errors) for f in files]
     if args.errors == "replace":
         print(f"{sum(doc.count(chr(0xFFFD)) for doc in docs):,} U+FFFD characters in the text (each byte that "
