@@ -60,9 +60,9 @@ def launch(environ, gpus):
         except ValueError:
             raise UserError(f"{key}={environ[key]!r} is not a whole number: {how}") from None
     rank, local_rank, world_size = values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"]
-    if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank <= rank):
+    if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank < world_size):
         raise UserError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} cannot be: ranks run "
-                        f"from 0 to WORLD_SIZE-1, a local rank is at most the rank; {how}")
+                        f"from 0 to WORLD_SIZE-1; {how}")
     if gpus and local_rank >= gpus:
         raise UserError(f"process {local_rank} of this machine has no GPU: the machine has {gpus}, so start at "
                         f"most {gpus} processes on it (torchrun --nproc_per_node={gpus})")

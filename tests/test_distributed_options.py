@@ -164,7 +164,7 @@ def test_a_launch_is_read_from_torchruns_variables_or_refused_in_one_line():
         launch({"RANK": "0"}, gpus=1)  # a scheduler's own RANK, say, with python train.py
     with pytest.raises(UserError, match="LOCAL_RANK='x' is not a whole number"):
         launch({**LAUNCH_ENV, "LOCAL_RANK": "x"}, gpus=1)
-    for bad in ({"RANK": "2"}, {"LOCAL_RANK": "-1"}, {"WORLD_SIZE": "0"}, {"RANK": "0", "LOCAL_RANK": "1"}):
+    for bad in ({"RANK": "2"}, {"LOCAL_RANK": "-1"}, {"WORLD_SIZE": "0"}, {"LOCAL_RANK": "2"}):
         with pytest.raises(UserError, match="cannot be: ranks run from 0 to WORLD_SIZE-1"):
             launch({**LAUNCH_ENV, **bad}, gpus=8)
     with pytest.raises(UserError, match=r"process 1 of this machine has no GPU: the machine has 1, so start at "
