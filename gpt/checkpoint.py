@@ -438,8 +438,9 @@ def keep_numbered_copy(path, iter_num, keep):
             os.link(path, copy)
         except OSError:  # file systems without hard links
             shutil.copyfile(path, copy)
-        copies = sorted(f for f in os.listdir(folder) if re.fullmatch(r"ckpt-\d+\.pt", f))  # not ckpt-tok...
-        for old in copies[:-keep]:
+        # by step, not by name: past 9,999,999 steps the names grow a digit (not ckpt-tok...: only digits)
+        copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := re.fullmatch(r"ckpt-(\d+)\.pt", f)))
+        for _, old in copies[:-keep]:
             os.remove(os.path.join(folder, old))
     except OSError as e:
         print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")

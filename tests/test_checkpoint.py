@@ -163,6 +163,15 @@ def test_keep_checkpoints(data_dir, tmp_path):
     assert load_checkpoint(str(out / "ckpt-0000015.pt"))["iter_num"] == 15
 
 
+def test_numbered_copies_are_kept_by_step_past_ten_million(tmp_path):
+    """Past step 9,999,999 the copies' names grow a digit: the oldest is the lowest step, not the first name."""
+    from gpt.checkpoint import keep_numbered_copy
+    (tmp_path / "ckpt.pt").write_bytes(b"weights")
+    for step in (9_999_998, 9_999_999, 10_000_000):
+        keep_numbered_copy(str(tmp_path / "ckpt.pt"), step, keep=2)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-10000000.pt", "ckpt-9999999.pt", "ckpt.pt"]
+
+
 NAN_WRAPPER = '''
 import runpy, sys
 sys.path.insert(0, {root!r})
