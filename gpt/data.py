@@ -269,6 +269,16 @@ def dataset_dir(dataset):
     return os.path.join(REPO, "data", dataset)
 
 
+def make_out_dir(path):
+    """A prepare script's --out_dir, made if missing; one line when it cannot be (a file there, no permission)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"--out_dir {path} is a file, not a folder: choose another --out_dir") from None
+    except OSError as e:
+        raise UserError(f"cannot create --out_dir {path} ({e.strerror or e}): choose another --out_dir") from None
+
+
 def dataset_label(dataset, data_dir=""):
     """How messages name the data: the data_dir the user gave (then `dataset` plays no part), else the
     dataset's name."""

@@ -343,3 +343,22 @@ def test_rows_without_text_are_skipped_and_counted_and_a_file_that_is_not_its_ki
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # datasets logs its own line before
     assert r.stderr.strip().splitlines()[-1] == (f"error: --local {tmp_path / 'broken.jsonl'}: could not read it as "
                                                  f"json (ArrowInvalid: JSON parse error: Invalid value. in row 0)")
+
+
+@pytest.mark.parametrize("script, args", [
+    ("shakespeare_char", ["--input", "{text}"]), ("shakespeare", ["--input", "{text}"]),
+    ("text", ["--input", "{text}"]), ("openwebtext", ["--local", "{jsonl}"]), ("fineweb", ["--local", "{jsonl}"])])
+def test_an_out_dir_that_cannot_be_made_is_one_line(script, args, tmp_path, text_path, gpt2_ranks_path):
+    if script in ("openwebtext", "fineweb"):
+        pytest.importorskip("datasets", reason="the hub-dataset scripts read --local files with datasets")
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    taken = tmp_path / "a_file"
+    taken.write_text("mine")
+    args = [a.format(text=text_path, jsonl=tmp_path / "docs.jsonl") for a in args]
+    for out, line in [(taken, f"error: --out_dir {taken} is a file, not a folder: choose another --out_dir"),
+                      (taken / "sub", f"error: cannot create --out_dir {taken / 'sub'} (Not a directory): choose "
+                                      f"another --out_dir")]:
+        r = run(f"data/{script}/prepare.py", *args, "--out_dir", out, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines()[-1] == line
+    assert taken.read_text() == "mine"

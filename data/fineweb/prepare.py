@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import import_datasets, load_documents, open_shard, read_meta, write_meta, write_shard
+from gpt.data import import_datasets, load_documents, make_out_dir, open_shard, read_meta, write_meta, write_shard
 from gpt.errors import UserError
 from gpt.tokenizer import gpt2_encoding
 
@@ -103,7 +103,7 @@ def main():
                              streaming=args.streaming)
 
     # fill one shard-sized buffer after another; a document that overflows one continues in the next
-    os.makedirs(args.out_dir, exist_ok=True)
+    make_out_dir(args.out_dir)
     buf = np.empty(args.shard_size, dtype=np.uint16)
     index, filled, total, bar, skipped = 0, 0, 0, None, 0
     with multiprocessing.Pool(args.num_proc) as pool:

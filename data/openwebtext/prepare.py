@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
 from gpt.atomic import atomic_path
-from gpt.data import DTYPES, import_datasets, load_documents, write_meta
+from gpt.data import DTYPES, import_datasets, load_documents, make_out_dir, write_meta
 from gpt.errors import UserError
 from gpt.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 
@@ -79,7 +79,7 @@ else:
     split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
 
 # the tokenizer (a trained one learns from the train split only), saved beside the data before any token
-os.makedirs(args.out_dir, exist_ok=True)
+make_out_dir(args.out_dir)
 train_texts = lambda: (batch[args.text_column] for batch in split_dataset["train"].iter(batch_size=1000))
 _, meta = dataset_tokenizer(args.tokenizer, args.out_dir, train_texts, args.vocab_size)
 if meta["eot"] is None:

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import tiny_shakespeare, write_meta, write_tokens
+from gpt.data import make_out_dir, tiny_shakespeare, write_meta, write_tokens
 from gpt.errors import UserError
 from gpt.tokenizer import dataset_tokenizer
 
@@ -25,7 +25,7 @@ parser.add_argument("--tokenizer", default="gpt2",
                     help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
 parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
 args = parser.parse_args()
-os.makedirs(args.out_dir, exist_ok=True)
+make_out_dir(args.out_dir)
 
 data, input_file_path = tiny_shakespeare(args.input, args.out_dir)
 n = len(data)

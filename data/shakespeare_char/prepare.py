@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import tiny_shakespeare, write_meta, write_tokens
+from gpt.data import make_out_dir, tiny_shakespeare, write_meta, write_tokens
 from gpt.errors import UserError
 from gpt.tokenizer import Tokenizer, char_meta
 
@@ -19,7 +19,7 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
 parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
 args = parser.parse_args()
-os.makedirs(args.out_dir, exist_ok=True)
+make_out_dir(args.out_dir)
 
 data, input_file_path = tiny_shakespeare(args.input, args.out_dir)
 if len(data) < 2:

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt import errors
-from gpt.data import COMPRESSED, dataset_dir, read_text, write_meta, write_tokens
+from gpt.data import COMPRESSED, dataset_dir, make_out_dir, read_text, write_meta, write_tokens
 from gpt.errors import UserError
 from gpt.tokenizer import Tokenizer, char_meta, dataset_tokenizer
 
@@ -123,7 +123,7 @@ def main(argv=None):
     n_val = min(n_val, len(ids) - (args.block_size + 1))
     train_ids, val_ids = ids[:-n_val], ids[-n_val:]
 
-    os.makedirs(out_dir, exist_ok=True)
+    make_out_dir(out_dir)
     write_tokens(os.path.join(out_dir, "train.bin"), train_ids, meta["dtype"])
     write_tokens(os.path.join(out_dir, "val.bin"), val_ids, meta["dtype"])
     write_meta(out_dir, meta)  # last: a folder with meta.json is a finished dataset
