@@ -240,7 +240,10 @@ def init_model(model_config, seed=None, device='cpu'):
     from model import GPT
     device = torch.device(device)
     on_device = device.type != 'cpu'
-    fork = torch.random.fork_rng(devices=[device] if on_device else [], device_type=device.type if on_device else None)
+    # device_type is always named: torch 2.11 raises on None (2.13 reads None as the current accelerator); with
+    # devices=[] no device's state is touched, whatever the type
+    fork = torch.random.fork_rng(devices=[device] if on_device else [],
+                                 device_type=device.type if on_device else 'cuda')
     with fork if seed is not None else nullcontext(), device if on_device else nullcontext():
         if seed is not None:
             torch.manual_seed(seed)
