@@ -135,7 +135,8 @@ data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, master_process, n
 source = plan.source(init_from, out_dir, parallelism)  # a checkpoint, a pretrained model, or nothing: only read
 run = plan.make(config, source, meta, world_size, device, dtype, verbose=master_process)
 config = dict(run.settings)  # every setting as the run uses it: what checkpoints and log.jsonl record
-block_size, gradient_accumulation_steps, tokens_per_iter = run.block_size, run.micro_steps, run.tokens_per_iter
+block_size, tokens_per_iter = run.block_size, run.tokens_per_iter
+batch_size, gradient_accumulation_steps = run.micro_batch, run.micro_steps  # per process: the global batch split
 max_iters, warmup_iters, lr_decay_iters = run.max_iters, run.warmup_iters, run.lr_decay_iters
 vocab_size, meta_vocab_size = run.model['vocab_size'], meta['vocab_size'] if meta else None
 check_data_for_model(meta, init_from, source.checkpoint, data_label)  # the data's tokenizer must be the model's
@@ -151,7 +152,8 @@ def loader(split, stream):
     """Sequential over shards, or random windows of train.bin/val.bin; checks the files first: every id within
     the dataset's vocabulary (which the model's holds)."""
     return make_loader(data_dir, split, batch_size, block_size, device, meta_vocab_size or vocab_size,
-                       meta['dtype'] if meta else 'uint16', seed, rank, world_size, stream, prepare_hint)
+                       meta['dtype'] if meta else 'uint16', seed, rank, world_size, stream, prepare_hint,
+                       micro_steps=gradient_accumulation_steps if stream == 0 else 1)
 
 
 train_loader = loader('train', stream=0)

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     log_interval = 50
     block_size = 64
     batch_size = 12
+    total_batch_size = 12 * 64  # one micro-batch of 12 a step
     n_layer = 4
     n_head = 4
     n_embd = 128

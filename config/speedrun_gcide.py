@@ -39,12 +39,13 @@ min_lr = 0.0  # both rates decay to zero (Muon's is muon_lr / learning_rate time
 decay_lr = True
 
 # batch: nanoGPT's 65,536 tokens a step, in two micro-batches of 32 rather than four of 16 (fewer, bigger
-# kernels). The run's length is the knob that trades time against loss: measured on an H100, 150 steps gave
-# 2.592 full val, 170 gave 2.487 (nanoGPT's 400-step target: 2.52); 180 = 11.8M tokens (45% of nanoGPT's 26.2M)
-# leaves a margin for other seeds. The WSD decay ends with the run, so the best checkpoint is the last one:
+# kernels) on one GPU; one of 32 each on two GPUs, one of 16 each on four (gpt/schedule.py's split_batch).
+# The run's length is the knob that trades time against loss: measured on an H100, 150 steps gave 2.592 full
+# val, 170 gave 2.487 (nanoGPT's 400-step target: 2.52); 180 = 11.8M tokens (45% of nanoGPT's 26.2M) leaves a
+# margin for other seeds. The WSD decay ends with the run, so the best checkpoint is the last one:
 # change max_iters, not where to stop reading.
+total_batch_size = 65_536
 batch_size = 32
-gradient_accumulation_steps = 2
 max_iters = 180
 
 # the clock starts at launch, so evaluate as little as gives a reading: at step 0 (always) and at the end,

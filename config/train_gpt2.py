@@ -6,11 +6,12 @@ wandb_log = False  # set True (and `wandb login`) to follow the run on wandb
 wandb_project = 'owt'
 wandb_run_name = 'gpt2-124M'
 
-# these make the total batch size be ~0.5M
-# 12 batch size * 1024 block size * 5 gradaccum * 8 GPUs = 491,520
+# the total batch size, ~0.5M tokens a step: 12 batch size * 1024 block size * 5 gradaccum * 8 GPUs = 491,520.
+# Stated in tokens, it is the same on any number of GPUs: 40 micro-steps of 12 on one, 5 on eight, 10 on four
+# (batch_size is the most sequences a micro-step takes: gpt/schedule.py's split_batch)
+total_batch_size = 491_520
 batch_size = 12
 block_size = 1024
-gradient_accumulation_steps = 5 * 8
 
 # this makes total number of tokens be 300B
 max_iters = 600000

@@ -6,11 +6,11 @@
 dataset = 'fineweb'
 out_dir = 'out-gpt2-fineweb'
 
-# 524,288 tokens per step: 64 x 1024 per micro-step x 8 micro-steps, divided among the GPUs
+# 524,288 tokens per step, on any number of GPUs: micro-steps of 64 x 1024, divided among the GPUs
 # (8 GPUs: 1 micro-step each; 1 GPU: 8 micro-steps)
+total_batch_size = 524_288
 batch_size = 64
 block_size = 1024
-gradient_accumulation_steps = 8
 
 # GPT-2 124M (vocab 50304: GPT-2's 50257 rounded up)
 n_layer = 12

@@ -19,12 +19,12 @@ bias = False
 dropout = 0.0
 rope_theta = 10000.0
 
-# 524,288 tokens (~0.5M) per step: 8 sequences of 2048 x 32 micro-steps, divided among the GPUs
+# 524,288 tokens (~0.5M) per step: 32 micro-steps of 8 sequences of 2048, divided among the GPUs
 # (8 GPUs: 4 micro-steps each). bf16 weights, gradients and AdamW state take ~21 GB per GPU under DDP;
 # parallelism='fsdp' shards them, activation_checkpointing=True trades compute for activation memory.
+total_batch_size = 524_288
 batch_size = 8
 block_size = 2048
-gradient_accumulation_steps = 32
 
 # the budget: 26B tokens (~20 per parameter, Chinchilla-optimal) = 49,592 steps; warm-up over 1B tokens
 # (1,908 steps), then cosine decay to min_lr at the end of the budget

@@ -15,9 +15,9 @@ wandb_project = 'shakespeare-char'
 wandb_run_name = 'mini-llama'
 
 dataset = 'shakespeare_char'
-gradient_accumulation_steps = 1
+total_batch_size = 16_384  # 64 sequences of 256 a step, on any number of GPUs (two: 32 each)
 batch_size = 64
-block_size = 256  # context of up to 256 previous characters: 16,384 tokens per step
+block_size = 256  # context of up to 256 previous characters
 
 family = 'llama'
 n_layer = 6

@@ -14,7 +14,7 @@ wandb_project = 'shakespeare-char'
 wandb_run_name = 'mini-gpt'
 
 dataset = 'shakespeare_char'
-gradient_accumulation_steps = 1
+total_batch_size = 16_384  # 64 sequences of 256 a step, on any number of GPUs (two: 32 each)
 batch_size = 64
 block_size = 256  # context of up to 256 previous characters
 

@@ -3,7 +3,8 @@
 # $ python train.py config/train_text.py --dataset=mytext --out_dir=out-mytext
 # $ python sample.py --out_dir=out-mytext
 # the shakespeare_char model (6 layers, 384 wide, context 256, dropout against overfitting a small corpus);
-# on a CPU add e.g. --device=cpu --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
+# on a CPU add e.g. --device=cpu --block_size=64 --batch_size=12 --total_batch_size=768 --n_layer=4 --n_head=4
+# --n_embd=128
 
 out_dir = 'out-text'
 dataset = 'text'  # set it to your --name: --dataset=mytext
@@ -12,7 +13,7 @@ eval_iters = 50
 log_interval = 10
 always_save_checkpoint = False  # a small corpus overfits: keep the checkpoint of the best val loss
 
-gradient_accumulation_steps = 1
+total_batch_size = 16_384  # 64 sequences of 256 a step, on any number of GPUs (two: 32 each)
 batch_size = 64
 block_size = 256  # prepare.py's --block_size must not be larger (it keeps one window of val)
 

@@ -1,15 +1,15 @@
 """
 Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data.py).
 
-RandomWindows is nanoGPT's sampler: each batch is batch_size windows of block_size+1 tokens at random
-offsets. The offsets come from a random generator seeded with (seed, stream, 0, i), where i numbers the
-micro-batches of all ranks together: batch n of rank r is i = n * world_size + r. So the micro-batches of
-one optimizer step are the same windows whatever the number of processes: one GPU with 2 accumulation
-steps reads batches 2k and 2k+1 at step k, two GPUs with 1 each read them too, one each (issue 23: the
-same global batch gives the same curve, not merely a statistically equal one). One process reads batch n
-as i = n, as it always did. The sampler's whole state is the number of batches a rank has drawn (the
-same on every rank) and the world size it counted in: a plain int in the checkpoint, and a resumed run
-draws exactly the batches an uninterrupted one would have.
+RandomWindows is nanoGPT's sampler: each micro-batch is windows of block_size+1 tokens at random offsets.
+The offsets of optimizer step k's whole global batch (all ranks' micro-batches together) come from one random
+generator seeded with (seed, stream, 0, k); rank r's micro-step j takes its run of them, the
+(r * micro_steps + j)-th micro_batch. So a step reads the same windows however the global batch is split:
+one GPU with 2 micro-steps of 32, two GPUs with 1 of 32 each, four with 1 of 16 (gpt/schedule.py's
+split_batch) train on the same global batch, the same curve up to the order of the sums, not merely a
+statistically equal one. The sampler's whole state is the number of micro-batches a rank has drawn (at a
+checkpoint, a whole number of steps), with the split it counted in: a plain int in the checkpoint, and a
+resumed run draws exactly the batches an uninterrupted one would have, on any number of processes.
 
 SequentialShards is build-nanogpt's loader over token shards (data.open_shard: llm.c-style .bin shards or
 build-nanogpt's own .npy ones, found by data.list_shards in the same folder): it walks the shards in
@@ -50,36 +50,43 @@ def check_ids(tokens, vocab_size, path):
 
 
 def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dtype="uint16", seed=0, rank=0,
-                world_size=1, stream=0, prepare_hint="the dataset's prepare.py"):
+                world_size=1, stream=0, prepare_hint="the dataset's prepare.py", micro_steps=1):
     """The batches of one split: in order over the shards of a sharded dataset (each token once per epoch),
-    random windows of train.bin / val.bin otherwise. The files are checked first."""
+    random windows of train.bin / val.bin otherwise (micro_steps micro-batches of batch_size a step on each
+    of world_size ranks). The files are checked first."""
     shards = list_shards(data_dir, split)
     if shards:
         return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
     path = check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint)
-    return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size, world_size)
+    return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size, world_size,
+                         micro_steps)
 
 
 class RandomWindows:
 
     def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
-                 world_size=1):
+                 world_size=1, micro_steps=1):
         self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
         self.device, self.dtype = torch.device(device), dtype
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
-        self.world_size = world_size
-        self.batches = 0  # batches this rank has drawn so far
+        self.world_size, self.micro_steps = world_size, micro_steps
+        self.batches = 0  # micro-batches this rank has drawn so far
 
-    def index(self, n):
-        """The number of this rank's batch n among the micro-batches of all ranks (see the module's docstring)."""
-        return n * self.world_size + self.rank
+    def windows(self, n):
+        """(step, first, last): this rank's micro-batch n is windows first..last-1 of that step's global batch,
+        whose offsets one generator draws (see the module's docstring)."""
+        step, j = divmod(n, self.micro_steps)
+        first = (self.rank * self.micro_steps + j) * self.batch_size
+        return step, first, first + self.batch_size
 
     def next_batch(self):
         # re-create the memmap every batch: a long-lived one keeps growing the process's memory
         data = open_tokens(self.path, self.dtype)
-        rng = np.random.default_rng([self.seed, self.stream, 0, self.index(self.batches)])
+        step, first, last = self.windows(self.batches)
+        rng = np.random.default_rng([self.seed, self.stream, 0, step])
         self.batches += 1
-        ix = rng.integers(0, len(data) - self.block_size, size=self.batch_size).tolist()
+        everyone = self.world_size * self.micro_steps * self.batch_size  # the step's global batch
+        ix = rng.integers(0, len(data) - self.block_size, size=everyone)[first:last].tolist()
         xy = np.stack([data[i:i + self.block_size + 1].astype(np.int64) for i in ix])
         check_ids(xy, self.vocab_size, self.path)
         x, y = torch.from_numpy(np.ascontiguousarray(xy[:, :-1])), torch.from_numpy(np.ascontiguousarray(xy[:, 1:]))
@@ -91,13 +98,17 @@ class RandomWindows:
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
-        return {"batches": max(self.batches - 1, 0), "world_size": self.world_size}
+        return {"batches": max(self.batches - 1, 0), "world_size": self.world_size, "micro_steps": self.micro_steps}
 
     def load_state_dict(self, state):
-        # a run resumed on another number of processes goes on after the micro-batches the saved one drew
-        # (an older checkpoint has no world_size: taken as this run's)
-        saved = state.get("world_size", self.world_size)
-        self.batches = state["batches"] if saved == self.world_size else -(-state["batches"] * saved // self.world_size)
+        # a run resumed with another split of the global batch (processes, micro-steps) goes on at the step the
+        # saved one reached: a checkpoint is written between steps. An older checkpoint has no micro_steps (nor,
+        # older still, world_size): its batches were counted per rank and micro-step at one micro-step per step
+        saved_steps, saved_world = state.get("micro_steps", 1), state.get("world_size", self.world_size)
+        if "micro_steps" in state:
+            self.batches = state["batches"] // saved_steps * self.micro_steps
+        else:
+            self.batches = -(-state["batches"] * saved_world // self.world_size)
 
 
 class SequentialShards:

@@ -85,6 +85,7 @@ class RunPlan:
     block_size: int
     world_size: int
     micro_steps: int  # forward/backward passes per optimizer step on each process
+    micro_batch: int  # sequences in each of them (batch_size, or fewer where the global batch needs it)
     tokens_per_iter: int  # per optimizer step, all processes together
     max_iters: int
     warmup_iters: int
@@ -108,19 +109,19 @@ def make(config, src, meta, world_size, device, dtype, verbose=False):
     given = getattr(config, 'given', frozenset())
     model = model_config(config, given, src, meta)
     block_size = model['block_size']
-    micro_steps = schedule.accumulation_steps(config['total_batch_size'], config['gradient_accumulation_steps'],
-                                              config['batch_size'], block_size, world_size, verbose)
-    tokens_per_iter = micro_steps * world_size * config['batch_size'] * block_size
+    micro_steps, micro_batch = schedule.split_batch(config['total_batch_size'], config['gradient_accumulation_steps'],
+                                                    config['batch_size'], block_size, world_size, verbose)
+    tokens_per_iter = micro_steps * world_size * micro_batch * block_size
     max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose)
     fresh = src.kind != 'resume'
     earlier = tuple(rundir.earlier_run(config['out_dir']) if fresh and os.path.isdir(config['out_dir']) else ())
     settings = dict(config)
     settings.update({k: v for k, v in model.items() if k in settings})  # the model that runs, not the flags
-    settings.update(block_size=block_size, gradient_accumulation_steps=micro_steps * world_size,
+    settings.update(block_size=block_size, batch_size=micro_batch, gradient_accumulation_steps=micro_steps * world_size,
                     max_iters=max_iters, warmup_iters=warmup_iters, lr_decay_iters=lr_decay_iters,
                     device=device, dtype=dtype)
     return RunPlan(init=src.kind, init_from=config['init_from'], source=src.name, model=MappingProxyType(model),
-                   block_size=block_size, world_size=world_size, micro_steps=micro_steps,
+                   block_size=block_size, world_size=world_size, micro_steps=micro_steps, micro_batch=micro_batch,
                    tokens_per_iter=tokens_per_iter, max_iters=max_iters, warmup_iters=warmup_iters,
                    lr_decay_iters=lr_decay_iters, out_dir=config['out_dir'], earlier_run=earlier, device=device,
                    dtype=dtype, settings=MappingProxyType(settings))

@@ -1,9 +1,9 @@
 """
 When things happen in a run: the learning-rate schedule (linear warm-up, then cosine decay to min_lr, a
-constant rate, or warm-up-stable-decay), the batch in tokens (total_batch_size turned into
-gradient_accumulation_steps), the token budget (max_tokens, warmup_tokens and lr_decay_tokens turned into
-the iteration counts that the schedule and the loop use), and which evaluations, samples and checkpoints
-are due at a step.
+constant rate, or warm-up-stable-decay), a step's batch (total_batch_size or gradient_accumulation_steps,
+split over the processes into micro-batches that fit), the token budget (max_tokens, warmup_tokens and
+lr_decay_tokens turned into the iteration counts that the schedule and the loop use), and which
+evaluations, samples and checkpoints are due at a step.
 """
 import math
 from typing import NamedTuple
@@ -63,30 +63,51 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def accumulation_steps(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size,
-                       verbose=True):
-    """Micro-steps per optimizer step for each of the world_size processes. With total_batch_size (tokens per
-    optimizer step, build-nanogpt's setting): total_batch_size / (batch_size * block_size * world_size), which
-    must divide. Else nanoGPT's gradient_accumulation_steps, a total over all processes: world_size of them
-    train at once, so each does its share."""
-    if total_batch_size == 0:
-        if gradient_accumulation_steps % world_size:
-            raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by "
-                            f"the {world_size} processes: use a multiple of {world_size}")
-        return gradient_accumulation_steps // world_size
-    per_micro_step = batch_size * block_size * world_size
-    if total_batch_size < 0 or total_batch_size % per_micro_step:
-        lower = max(total_batch_size, 0) // per_micro_step * per_micro_step
-        upper = lower + per_micro_step
-        choices = f"{lower} or {upper}" if lower else f"{upper}"
-        raise UserError(f"total_batch_size={total_batch_size:,} is not a multiple of batch_size*block_size*world_size"
-                        f" = {batch_size}*{block_size}*{world_size} = {per_micro_step:,}: use {choices} "
-                        f"(or 0 to set gradient_accumulation_steps instead)")
-    steps = total_batch_size // per_micro_step
-    if verbose:
-        print(f"total_batch_size={total_batch_size:,} -> gradient_accumulation_steps={steps * world_size:,}"
-              + (f" ({steps} per process)" if world_size > 1 else ""))
-    return steps
+class BatchSplit(NamedTuple):
+    """How a step's global batch is split: each of the world_size processes runs micro_steps forward/backward
+    passes of micro_batch sequences."""
+    micro_steps: int
+    micro_batch: int
+
+
+def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size, verbose=True):
+    """The global batch of a step, in sequences of block_size tokens, split over the processes and into
+    micro-batches of at most batch_size (the most that fits one forward/backward). The global batch is
+    total_batch_size tokens (build-nanogpt's setting) or, with total_batch_size=0, nanoGPT's
+    gradient_accumulation_steps micro-batches of batch_size (a total over all processes). Each process takes
+    an equal share; its micro-steps are the fewest whose equal micro-batches fit batch_size. So a config runs
+    unchanged on 1, 2, 4 or 8 GPUs with the same global batch: nanoGPT's 40 x 12 is 40 micro-steps of 12 on
+    one GPU and 5 of 12 on eight, speedrun's 65,536 tokens 2 x 32 on one GPU and 1 x 16 on four. A global batch
+    that cannot be shared equally is one line naming the settings that would work."""
+    if total_batch_size:
+        if total_batch_size % block_size:
+            lower = total_batch_size // block_size * block_size
+            raise UserError(f"total_batch_size={total_batch_size:,} is not a whole number of sequences of "
+                            f"block_size={block_size:,} tokens: use "
+                            + (f"{lower:,} or " if lower else "") + f"{lower + block_size:,}")
+        sequences, given = total_batch_size // block_size, f"total_batch_size={total_batch_size:,}"
+    else:
+        sequences = gradient_accumulation_steps * batch_size
+        given = f"gradient_accumulation_steps={gradient_accumulation_steps} x batch_size={batch_size}"
+    if sequences % world_size:
+        processes = [n for n in range(1, min(sequences, 64) + 1) if sequences % n == 0]
+        per = world_size * block_size
+        lower = sequences * block_size // per * per
+        tokens = (f"{lower:,} or " if lower else "") + f"{lower + per:,}"
+        raise UserError(f"the global batch of {sequences:,} sequences ({given}) cannot be shared equally by "
+                        f"{world_size} processes: start {', '.join(map(str, processes))} of them "
+                        f"(--nproc_per_node), or set --total_batch_size={tokens} (a multiple of {world_size} "
+                        f"x block_size {block_size:,})")
+    share = sequences // world_size  # sequences per process and step
+    micro_steps = next(m for m in range(-(-share // batch_size), share + 1) if share % m == 0)
+    split = BatchSplit(micro_steps, share // micro_steps)
+    if verbose and (total_batch_size or split.micro_batch != batch_size):
+        print(f"{given} -> gradient_accumulation_steps={micro_steps * world_size:,}"
+              + (f" ({micro_steps} per process)" if world_size > 1 else "")
+              + f" of {split.micro_batch} sequences of {block_size:,} tokens"
+              + (f" (batch_size={batch_size} is the most a micro-step takes)" if split.micro_batch != batch_size
+                 else ""))
+    return split
 
 
 def iterations(config, tokens_per_iter, given, verbose=True):

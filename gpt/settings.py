@@ -97,6 +97,8 @@ def inert(c):
          f"{'decay_lr=False' if sched == 'none' else repr(sched)}"
          f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})"),
         (('lr_decay_frac',), sched != 'wsd', "only lr_schedule='wsd' uses it"),
+        (('gradient_accumulation_steps',), c['total_batch_size'] > 0,
+         f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size"),
         (('min_lr',), sched in ('constant', 'none'), "a constant learning_rate never decays to it"),
         (('lr_schedule',), sched == 'none', "decay_lr=False keeps learning_rate constant, whatever the schedule"),
         (('muon_momentum', 'muon_weight_decay', 'muon_shard'), c['muon_lr'] == 0, "muon_lr=0 trains with AdamW alone"),

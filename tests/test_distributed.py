@@ -251,17 +251,36 @@ def test_resumed_ranks_draw_different_batches(ddp_run, data_dir):
         "after resume both ranks draw the same batches"
 
 
-def test_gradient_accumulation_not_divisible_by_ranks(data_dir, tmp_path):
+def test_a_global_batch_the_ranks_cannot_share_is_one_line(data_dir, tmp_path):
+    # 3 micro-steps of 3 sequences: 9 sequences a step, which 2 ranks cannot share equally
     r = torchrun("train.py", f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}",
-                 *flags(**{**DDP_TINY, "gradient_accumulation_steps": 3}))
+                 *flags(**{**DDP_TINY, "gradient_accumulation_steps": 3, "batch_size": 3}))
     assert r.returncode != 0
     assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
     out = r.stdout + r.stderr
     # the message must get out although dist.init_process_group wraps sys.excepthook and buffers stderr
     # (torchrun's failure summary repeats it, indented, as the failed workers' "traceback": not counted)
     lines = {re.sub(r"^\[rank\d\]: ", "", line) for line in out.splitlines()
-             if "divisible" in line and not line.startswith(" ")}
+             if "shared equally" in line and not line.startswith(" ")}
     assert len(lines) == 1, out[-3000:]
     line = lines.pop()
-    assert line.startswith("error:") and "gradient_accumulation_steps=3" in line
+    assert line.startswith("error: the global batch of 9 sequences (gradient_accumulation_steps=3 x batch_size=3) "
+                           "cannot be shared equally by 2 processes: start 1, 3, 9 of them") \
+        and "--total_batch_size=256 or 320 " in line, line
     assert 'File "' + os.path.join(ROOT, "train.py") not in out  # no traceback from train.py itself
+
+
+def test_one_micro_step_is_shared_by_two_ranks_as_the_same_training(data_dir, tmp_path):
+    """nanoGPT's gradient_accumulation_steps=1 (shakespeare_char's) on two ranks: each takes half of the
+    micro-batch, the same windows as one process (gpt/loader.py), so the same training to rounding."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = [f"--data_dir={data_dir}", *flags(**{**DDP_TINY, "gradient_accumulation_steps": 1, "max_iters": 4,
+                                                "eval_interval": 4, "lr_decay_iters": 4})]
+    run("train.py", f"--out_dir={one}", *args)
+    r = run("train.py", f"--out_dir={two}", *args, nproc=2)
+    assert "gradient_accumulation_steps=1 x batch_size=4 -> gradient_accumulation_steps=2 (1 per process) of 2 " \
+           "sequences" in r.stdout, r.stdout[-2000:]
+    assert torch.load(two / "ckpt.pt", weights_only=True)["config"]["batch_size"] == 2  # the split in effect
+    wa = torch.load(one / "ckpt.pt", weights_only=True)["model"]
+    assert_same_training(log_rows(two), log_rows(one), DDP_TINY["batch_size"] * DDP_TINY["block_size"],
+                         sum(v.numel() for v in wa.values()))

@@ -85,6 +85,7 @@ def test_llama_trains_on_shakespeare_char_resumes_and_samples(corpus_path, tmp_p
     train = lambda steps, *more: run(
         "train.py", "config/train_llama_shakespeare_char.py", f"--data_dir={data_dir}", f"--out_dir={out_dir}",
         "--n_layer=2", "--n_head=4", "--n_kv_head=2", "--n_embd=64", "--block_size=32", "--batch_size=16",
+        "--total_batch_size=512",
         "--dropout=0.0", "--learning_rate=2e-3", f"--max_tokens={steps * 512}", f"--warmup_tokens={10 * 512}",
         "--lr_decay_tokens=76800", "--eval_interval=50", "--eval_iters=10", "--log_interval=50",
         "--compile=False", "--device=cpu", "--dtype=float32", *more).stdout

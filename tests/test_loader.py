@@ -123,37 +123,44 @@ def test_uint16_shards(tmp_path):
     assert x.dtype == torch.int64 and x.flatten().tolist() == list(range(B * T))
 
 
-def windows(path, world_size, rank, n, seed=3):
+def windows(path, world_size, rank, n, micro_steps=1, batch=B, seed=3):
     from gpt.loader import RandomWindows
-    loader = RandomWindows(str(path), B, T, "cpu", "uint32", seed, rank, 0, None, world_size)
+    loader = RandomWindows(str(path), batch, T, "cpu", "uint32", seed, rank, 0, None, world_size, micro_steps)
     return [loader.next_batch()[0] for _ in range(n)]
 
 
-def test_random_windows_are_the_same_micro_batches_on_any_number_of_ranks(tmp_path):
-    # issue 23: one process with 2 accumulation steps and two ranks with 1 each must train on the same windows
+def test_random_windows_are_the_same_global_batch_however_it_is_split(tmp_path):
+    # one process with 2 micro-steps, two ranks with 1 each, four ranks with 1 of half the size: each step
+    # trains on the same windows (gpt/schedule.py's split_batch picks such splits for 1, 2, 4 GPUs)
     path = tmp_path / "train.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
-    one = windows(path, 1, 0, 6)
-    ranks = [windows(path, 2, r, 3) for r in (0, 1)]
-    for n in range(3):
-        assert torch.equal(ranks[0][n], one[2 * n]) and torch.equal(ranks[1][n], one[2 * n + 1])
-    assert not torch.equal(ranks[0][0], ranks[1][0])  # and the two ranks never read the same windows
+    steps = 3
+    one = windows(path, 1, 0, 2 * steps, micro_steps=2)
+    two = [windows(path, 2, r, steps) for r in (0, 1)]
+    four = [windows(path, 4, r, steps, batch=B // 2) for r in range(4)]
+    for k in range(steps):
+        step = torch.cat([one[2 * k], one[2 * k + 1]])
+        assert torch.equal(torch.cat([two[0][k], two[1][k]]), step)
+        assert torch.equal(torch.cat([four[r][k] for r in range(4)]), step)
+    assert not torch.equal(one[0], one[1]) and not torch.equal(one[0], one[2])  # and no window is read twice
 
 
-def test_random_windows_resume_on_another_number_of_ranks(tmp_path):
+def test_random_windows_resume_on_another_split(tmp_path):
     from gpt.loader import RandomWindows
     path = tmp_path / "train.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
-    one = windows(path, 1, 0, 8)
-    saved = RandomWindows(str(path), B, T, "cpu", "uint32", 3, 0, 0, None, 1)
-    for _ in range(5):  # 4 micro-batches used, the 5th fetched and not yet used (as train.py holds one)
+    one = windows(path, 1, 0, 8, micro_steps=2)
+    saved = RandomWindows(str(path), B, T, "cpu", "uint32", 3, 0, 0, None, 1, 2)
+    for _ in range(5):  # 2 steps of 2 micro-batches used, the 5th fetched and not yet used (as train.py holds one)
         saved.next_batch()
     state = saved.state_dict()
-    assert state == {"batches": 4, "world_size": 1}
+    assert state == {"batches": 4, "world_size": 1, "micro_steps": 2}
     resumed = [RandomWindows(str(path), B, T, "cpu", "uint32", 3, r, 0, None, 2) for r in (0, 1)]
     for r in resumed:
         r.load_state_dict(state)
-    # two ranks go on with micro-batches 4 and 5, then 6 and 7
+    # two ranks of one micro-step go on at step 2: micro-batches 4 and 5, then 6 and 7
     for n in range(2):
         assert torch.equal(resumed[0].next_batch()[0], one[4 + 2 * n])
         assert torch.equal(resumed[1].next_batch()[0], one[5 + 2 * n])
+
+

@@ -140,26 +140,35 @@ def test_the_checkpoint_decision():
     assert decide(4, 2.5, ckpt_every_tokens=200, always=True) == [None, "ckpt-tok256-val2.5000.pt"]
 
 
-def test_total_batch_size_gives_the_accumulation_steps(capsys):
-    steps = lambda total, world=1: schedule.accumulation_steps(total, 40, 12, 1024, world)
-    assert steps(0) == 40  # off: gradient_accumulation_steps as set
-    assert steps(524288 - 524288 % (12 * 1024)) == 42 and "-> gradient_accumulation_steps=42" in capsys.readouterr().out
-    assert schedule.accumulation_steps(524288, 1, 16, 1024, 8) == 4  # build-nanogpt's: 4 per GPU on 8 GPUs
-    assert schedule.accumulation_steps(0, 40, 12, 1024, 8) == 5  # nanoGPT's 5 * 8 on 8 GPUs
-    with pytest.raises(UserError, match="gradient_accumulation_steps=40 is not divisible by the 3 processes"):
-        schedule.accumulation_steps(0, 40, 12, 1024, 3)
-    with pytest.raises(UserError, match=r"^total_batch_size=524,288 is not a multiple of batch_size\*block_size\*"
-                                        r"world_size = 12\*1024\*1 = 12,288: use 516096 or 528384 "):
-        steps(524288)
-    with pytest.raises(UserError, match="use 12288 "):
-        steps(1000)
+def test_the_global_batch_is_split_into_micro_batches_that_fit(capsys):
+    split = lambda total, gas=40, batch=12, world=1: tuple(schedule.split_batch(total, gas, batch, 1024, world))
+    # nanoGPT's 40 micro-steps of 12, a total over the processes: 40 x 12 on one, 5 x 12 on eight
+    assert split(0) == (40, 12) and split(0, world=8) == (5, 12) and capsys.readouterr().out == ""
+    # on three: 160 sequences each, in the fewest equal micro-batches of at most 12: 16 of 10
+    assert split(0, world=3) == (16, 10)
+    assert "gradient_accumulation_steps=40 x batch_size=12 -> gradient_accumulation_steps=48 (16 per process) " \
+           "of 10 sequences of 1,024 tokens (batch_size=12 is the most" in capsys.readouterr().out
+    # total_batch_size in tokens: build-nanogpt's 524,288 = 4 x 16 per GPU on 8; speedrun's 65,536 on 1, 2, 4, 8
+    assert split(524288, batch=16, world=8) == (4, 16)
+    assert [split(65536, batch=32, world=n) for n in (1, 2, 4, 8)] == [(2, 32), (1, 32), (1, 16), (1, 8)]
+    assert "total_batch_size=65,536 -> gradient_accumulation_steps=8 (1 per process) of 8 sequences" \
+        in capsys.readouterr().out.splitlines()[-1]
+    # shakespeare_char's one micro-step of 64 on two GPUs: one of 32 each
+    assert split(0, gas=1, batch=64, world=2) == (1, 32)
+    # a global batch the processes cannot share: the process counts and the total_batch_size that would work
+    with pytest.raises(UserError, match=r"^the global batch of 64 sequences \(total_batch_size=65,536\) cannot be "
+                                        r"shared equally by 3 processes: start 1, 2, 4, 8, 16, 32, 64 of them "
+                                        r"\(--nproc_per_node\), or set --total_batch_size=64,512 or 67,584 "):
+        split(65536, batch=32, world=3)
+    with pytest.raises(UserError, match=r"^total_batch_size=1,000 is not a whole number of sequences of "
+                                        r"block_size=1,024 tokens: use 1,024$"):
+        split(1000)
 
 
 def test_total_batch_size_that_does_not_divide_is_one_line(data_dir, tmp_path):
     r = train(data_dir, tmp_path / "out", total_batch_size=100)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
-        "error: total_batch_size=100 is not a multiple of batch_size*block_size*world_size = 4*16*1 = 64: "
-        "use 64 or 128")
+        "error: total_batch_size=100 is not a whole number of sequences of block_size=16 tokens: use 96 or 112")
 
 
 def test_lr_schedule_shapes():

@@ -11,7 +11,8 @@ def test_settings_given_that_do_nothing_are_named():
                 lr_decay_tokens=0, lr_decay_frac=0.2, min_lr=6e-5, muon_lr=0.0, muon_momentum=0.95,
                 muon_weight_decay=0.0, muon_shard=True, sample_interval=0, sample_prompt="Hi", sample_max_tokens=32,
                 sample_top_p=1.0, num_samples_train=4, dashboard=False, dashboard_port=8000, compile=True,
-                compile_scope='model', keep_checkpoints=0, checkpoint_interval=0, ckpt_every_tokens=0)
+                compile_scope='model', keep_checkpoints=0, checkpoint_interval=0, ckpt_every_tokens=0,
+                total_batch_size=0, gradient_accumulation_steps=5)
 
     def notes(given, **values):
         return inert(configurator.Config({**base, **values}, given))
@@ -26,6 +27,9 @@ def test_settings_given_that_do_nothing_are_named():
                                                                                      "num_samples_train")],
                                   "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
     assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
+    assert notes({"gradient_accumulation_steps"}, total_batch_size=4096) == [
+        "gradient_accumulation_steps=5 does nothing here: total_batch_size=4,096 sets the batch; the micro-steps "
+        "follow from it and batch_size"]
     # the schedule's: a flag that turns a config file's setting off
     assert notes({"lr_decay_iters", "lr_schedule"}, lr_schedule='wsd') == [
         "lr_decay_iters=100 does nothing here: only lr_schedule='cosine' decays over lr_decay_iters (this run: "
