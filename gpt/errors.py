@@ -12,6 +12,9 @@ killed: then nothing runs, and what was set aside stays aside, named by the note
 Under torchrun every rank usually meets the same mistake: rank 0 alone prints the line, the others exit
 with the same status quietly. Every rank also writes the line into its torchrun error file
 ($TORCHELASTIC_ERROR_FILE), so torchrun's failure summary shows it instead of "To enable traceback see: ...".
+More generally, install() leaves a torchrun rank other than 0 no stdout (its prints go nowhere), so every
+message of a multi-process run comes from rank 0 once, not interleaved from every rank; its stderr stays, for
+a traceback of a bug or a line only that rank can know.
 torchrun itself still ends with its own ChildFailedError traceback and status 1, whatever its workers'
 status: that is torchrun's, and no worker can change it (docs/scaling.md).
 
@@ -83,11 +86,15 @@ def _torchrun_report(line):
                                                                       "timestamp": str(int(time.time()))}}}, f)
         except OSError:
             pass  # the summary then says less; the line is still printed by rank 0
-    # quiet only on a true torchrun rank other than 0; a half-set launch (RANK alone, RANK=x) says it, since
-    # then there may be no rank 0 to say it
+    return not _other_rank()
+
+
+def _other_rank():
+    """Whether this is a true torchrun rank other than 0; a half-set launch (RANK alone, RANK=x) is not, since
+    then there may be no rank 0 to say anything."""
     env = os.environ
     torchrun = all(env.get(k) for k in TORCHRUN_VARIABLES)
-    return not (torchrun and env["RANK"].isdigit() and int(env["RANK"]) != 0)
+    return torchrun and env["RANK"].isdigit() and int(env["RANK"]) != 0
 
 
 def _excepthook(kind, value, tb):
@@ -108,5 +115,8 @@ def _excepthook(kind, value, tb):
 
 
 def install():
-    """Entry scripts call this once so an uncaught UserError prints one line and exits with 2."""
+    """Entry scripts call this once so an uncaught UserError prints one line and exits with 2; under torchrun,
+    ranks other than 0 print nothing to stdout."""
     sys.excepthook = _excepthook
+    if _other_rank():
+        sys.stdout = open(os.devnull, "w")
