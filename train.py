@@ -23,6 +23,7 @@ import sys
 import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it
 import torch
 
+_startup = [('import torch', time.time() - _launch_time)]  # where the time before the first step goes
 import configurator
 from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
 from gpt.data import dataset_label, find_dataset
@@ -30,8 +31,16 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import check_data_for_model, get_tokenizer
-from gpt.trainlog import TrainLog, check_wandb, start_wandb, step_line
+from gpt.trainlog import TrainLog, check_wandb, start_wandb, startup_line, step_line
 from model import GPTConfig
+
+_startup.append(('other imports', time.time() - _launch_time - sum(s for _, s in _startup)))
+
+
+def startup_part(name):
+    """The time since the last part of the start-up, as the part `name` (printed before the first step)."""
+    _startup.append((name, time.time() - _launch_time - sum(s for _, s in _startup)))
+
 
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText
@@ -104,8 +113,8 @@ dist_timeout_minutes = 10  # how long a collective waits for a missing rank befo
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
-init_device = 'cpu'  # where a new model's weights are drawn: 'cpu' (nanoGPT's for a seed, on any machine) or
-# 'device' (the run's: on a GPU milliseconds rather than seconds, but other weights for the same seed)
+init_device = 'device'  # where a new model's weights are drawn: 'device' (the run's: on a GPU milliseconds, not
+# seconds, but other weights for a seed than the CPU's) or 'cpu' (nanoGPT's weights for a seed, on any machine)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
@@ -128,6 +137,7 @@ device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
 dtype = hardware.resolve_dtype(dtype, device_type)
+startup_part('settings and processes')
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_label = dataset_label(dataset, data_dir)  # how messages name it: data_dir, when one is given
@@ -158,6 +168,7 @@ def loader(split, stream):
 
 train_loader = loader('train', stream=0)
 loader('val', stream=1)  # check the val split now, not at the first evaluation
+startup_part('data')
 tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
 writes = not eval_only  # an evaluation writes nothing to out_dir: no log, no checkpoint, no earlier run moved
 if master_process:
@@ -192,7 +203,8 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
-model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, hardware.can_compile(compile, device_type),
+compiled = hardware.can_compile(compile, device_type)
+model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, compiled,
                          **distributed.wrap_args(parallel_options))
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
@@ -215,6 +227,7 @@ step_graph = None
 if stepgraph.can_graph(cuda_graph, device_type, torchrun, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
                                      block_size, device)
+startup_part('model')
 
 
 def elapsed():
@@ -297,6 +310,8 @@ while True:
                        eval_interval, hellaswag_interval, sample_interval, tokens_per_iter, ckpt_every_tokens,
                        checkpoint_interval)
     row = evaluate(due) if due.loss or due.hellaswag else {}
+    if local_iter_num == 0:
+        startup_part('first evaluation')
     if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved
         saver.record_eval(iter_num, row['val_loss'], best_val_loss)
     saves = saver.to_save(iter_num, due, row.get('val_loss'), best_val_loss, eval_only, always_save_checkpoint,
@@ -310,8 +325,11 @@ while True:
         break
 
     step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
-    if local_iter_num == 0 and master_process:  # issue 23's startup: launch to the first training step
-        print(f"startup: first step at {step_start - _launch_time:.1f}s since launch")
+    if local_iter_num == 0:  # where the time from launch to here went, on one line
+        startup_part('other')
+        log.write(kind='startup', step=iter_num, **{name.replace(' ', '_'): round(s, 3) for name, s in _startup})
+        if master_process:
+            print(startup_line(_startup, compiled))
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
     if step_graph is not None:

@@ -135,6 +135,9 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     # the mesh of this run's device type: FSDP's default mesh is CUDA's whenever a GPU is present, so a CPU run
     # (gloo) on a machine with fewer GPUs than ranks would ask for a GPU per rank
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    # FSDP2 shards each rank's own copy and, unlike DDP, broadcasts nothing: a new model's weights drawn on
+    # GPUs of different models (init_device='device') could differ from rank to rank. Rank 0's, then, everywhere
+    broadcast_weights(model)
     # compute in the run's dtype; reduce gradients in float32 by default, as DDP does (bf16 sums of many
     # ranks lose bits)
     param_dtype = getattr(torch, dtype) if dtype != "float32" else None
@@ -148,6 +151,37 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     model.keep_gathered_while_accumulating = not reshard_after_forward  # read by set_gradient_sync
     return model
+
+
+def static_graph_problem(model):
+    """Why DDP's static_graph would be wrong for this model, or None. static_graph lets DDP plan its gradient
+    reductions once, from the first step, which holds only if every step uses the same parameters; a
+    parameter that gets no gradient from a training step (one the forward pass never reaches) marks a model
+    whose steps may differ. Checked on a forward and backward pass of one short sequence, in eval mode (no
+    dropout: the run's random numbers stay as they were) and without touching the parameters' .grad. A model
+    of your own whose parameters are used in some steps and not in others (routing, say) needs
+    --ddp_static_graph=False, since one pass cannot see that."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    device = params[0][1].device
+    idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
+    training = model.training
+    model.eval()
+    try:
+        _, loss = model(idx, idx)
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    finally:
+        model.train(training)
+    unused = [name for (name, _), g in zip(params, grads) if g is None]
+    if unused:
+        return (f"{len(unused)} parameters get no gradient from a training step ({', '.join(unused[:3])}"
+                f"{', ...' if len(unused) > 3 else ''}), so the steps may differ")
+    return None
+
+
+def broadcast_weights(model):
+    """Every parameter and buffer of the model as rank 0 has it, on every rank (what DDP does when it wraps)."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, 0)
 
 
 def compile_blocks(model):

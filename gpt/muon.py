@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from gpt.errors import UserError
+from gpt.optim import AdamW, WithoutDynamo
 
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -64,9 +65,10 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
     return X.mT if tall else X
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
     """Param groups with 'muon': True take Muon steps; the others are handed to torch's AdamW (fused on
-    CUDA), which shares this optimizer's groups and state, so state_dict() and load_state_dict() hold both.
+    CUDA; gpt/optim.py's, which like this class never imports torch._dynamo), which shares this optimizer's
+    groups and state, so state_dict() and load_state_dict() hold both.
 
     A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
     'lr' to the AdamW rate, and lr_scale (muon_lr / learning_rate) keeps Muon's rate in proportion. Its
@@ -75,7 +77,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def __init__(self, muon_groups, adamw_groups, momentum=0.95, nesterov=True, ns_steps=5, fused=None, shard=True,
                  **adamw_args):
-        adamw = torch.optim.AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
+        adamw = AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
         for group in muon_groups:
             group.update(muon=True, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
             group.setdefault('splits', None)

@@ -7,7 +7,8 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
     train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
 and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
-first writes a row of kind "plan": the run plan (gpt/plan.py's RunPlan.record()), as its checkpoints record it.
+first writes a row of kind "plan": the run plan (gpt/plan.py's RunPlan.record()), as its checkpoints record it,
+and, as its first step starts, one of kind "startup": where the time from launch went (seconds per part).
 Values that do not apply are null. The checkpoint records the log's length in bytes, so a resumed run
 first drops the rows written after that checkpoint (the steps it is about to run again) and says so.
 
@@ -59,7 +60,7 @@ class TrainLog:
             if not self.failing:
                 print(f"error: could not write to {self.path} ({e.strerror or e}): rows are lost until it can")
             self.failing = True
-        if self.wandb is not None and row["kind"] not in ("end", "plan"):  # wandb has the plan as its config
+        if self.wandb is not None and row["kind"] not in ("end", "plan", "startup"):  # wandb has the plan as its config
             self.wandb.log(wandb_metrics(row))
 
     def end(self, step, tokens_per_iter, start_step, seconds, launch_seconds, stopped=False):
@@ -178,6 +179,17 @@ def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, toke
         f", mem {mem_gib:.1f}GiB" if mem_gib else "")
     return (f"iter {step}: loss {loss:.4f}, lr {lr:.3e}, norm {grad_norm:.4f}, time {dt * 1000:.2f}ms, "
             f"tok/s {tokens_per_iter / dt:,.0f}{extra}, {tokens:,} tokens ({percent:.1f}%)")
+
+
+def startup_line(parts, compiled):
+    """Where a launch's time went before its first step, as one line: parts is [(name, seconds)] in order,
+    their sum the time since launch. compiled: the first evaluation compiles the model (torch.compile is lazy),
+    and the first training step will compile its backward."""
+    total = sum(seconds for _, seconds in parts)
+    what = ", ".join(f"{name} {seconds:.1f}s" + (" with compiling" if compiled and name == "first evaluation" else "")
+                     for name, seconds in parts)
+    return f"startup: first step at {total:.1f}s since launch ({what})" + (
+        "; step 0 compiles the training step" if compiled else "")
 
 
 def read_log(out_dir):

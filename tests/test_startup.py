@@ -1,13 +1,14 @@
 """
 What makes train.py start sooner must not change the run (gpt/plan.py's init_model): a new model's weights
-for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) by default; init_device='device' builds
-the model on the run's device; a bad init_device is one error line.
+for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) with init_device='cpu', and on a CPU
+with the default init_device='device', which builds the model on the run's device; a bad init_device is one
+error line; a run that does not compile never imports torch._dynamo.
 """
 import textwrap
 
 import pytest
 import torch
-from conftest import flags, run, tiny
+from conftest import flags, log_rows, run, tiny
 
 from gpt import plan
 from model import GPT, GPTConfig
@@ -45,7 +46,11 @@ def test_a_new_models_weights_are_nanogpts_for_its_seed():
     assert r.stdout.split()[-2] == "equal" and int(r.stdout.split()[-1]) > 10, r.stdout
 
 
-def test_init_device_cpu_is_the_default_and_device_cpu_draws_the_same():
+def test_init_device_device_is_the_default_and_the_cpu_draws_nanogpts_weights():
+    """The default draws on the run's device: on a CPU, nanoGPT's weights for the seed (init_device='cpu'
+    gives them on a GPU machine too)."""
+    from conftest import ROOT
+    assert "init_device = 'device'" in open(f"{ROOT}/train.py").read()
     torch.manual_seed(5)
     reference = GPT(GPTConfig(**SHAPE)).state_dict()
     for device in ('cpu', torch.device('cpu')):
@@ -77,3 +82,55 @@ def test_a_bad_init_device_is_one_line(value):
     assert last.startswith(f"error: init_device={value!r} makes no sense") and "'cpu'" in last \
         and "'device'" in last, last
 
+
+
+NO_DYNAMO = '''
+import runpy, sys
+sys.path.insert(0, {root!r})
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path({root!r} + "/train.py", run_name="__main__")
+print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
+'''
+
+
+@pytest.mark.parametrize("optimizer", [{}, dict(muon_lr=0.02)], ids=["adamw", "muon"])
+def test_a_run_that_does_not_compile_never_imports_torch_dynamo(tmp_path, shakespeare_text_path, optimizer):
+    """torch.optim imports torch._dynamo at an optimizer's first add_param_group and step, seconds of a run's
+    start-up on a fresh GPU machine; gpt/optim.py's optimizers do not, nor does anything else a run without
+    compile does: training, evaluation, checkpoints, a resume."""
+    from conftest import ROOT, write_char_dataset
+    data = write_char_dataset(tmp_path / 'data', shakespeare_text_path, chars=20000)
+    wrapper = tmp_path / "no_dynamo.py"
+    wrapper.write_text(NO_DYNAMO.format(root=ROOT))
+    common = flags(**tiny(max_iters=3, eval_interval=2, **optimizer), data_dir=data, dataset='x',
+                   out_dir=tmp_path / 'out')
+    for extra in ([], ["--init_from=resume", "--max_iters=5"]):
+        r = run(str(wrapper), *common, *extra)
+        assert r.stdout.strip().splitlines()[-1] == "torch._dynamo imported: False", r.stdout[-2000:]
+    assert len(log_rows(tmp_path / 'out')) == 5
+
+
+BROADCAST = """
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+from gpt import distributed, plan
+dist.init_process_group("gloo")
+model = plan.init_model({shape!r}, seed=100 + dist.get_rank())  # as if each rank's GPU drew other weights
+distributed.broadcast_weights(model)
+torch.save(model.state_dict(), os.path.join({out!r}, f"rank{{dist.get_rank()}}.pt"))
+dist.barrier()
+dist.destroy_process_group()  # before exit: gloo can abort a process that leaves with its group open
+"""
+
+
+def test_fsdp_starts_every_rank_from_rank_zeros_weights(tmp_path):
+    """FSDP2 shards each rank's own copy; drawn on GPUs of different models, the copies could differ, so
+    wrap() first broadcasts rank 0's (DDP does so itself)."""
+    from conftest import ROOT
+    script = tmp_path / "broadcast.py"
+    script.write_text(BROADCAST.format(root=ROOT, shape=SHAPE, out=str(tmp_path)))
+    run(str(script), nproc=2)
+    reference = plan.init_model(SHAPE, seed=100).state_dict()
+    for rank in (0, 1):
+        weights = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert all(torch.equal(weights[k], reference[k]) for k in reference), rank
