@@ -19,11 +19,12 @@ from gpt.errors import TORCHRUN_VARIABLES, UserError
 
 # train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, with their defaults (the
 # configurator sets them like train.py's own; docs/scaling.md measures them)
+# (the defaults are the fastest measured: docs/scaling.md's table)
 OPTIONS = dict(
     ddp_reduce_dtype='float32',  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
-    ddp_bucket_mb=25.0,  # DDP's bucket_cap_mb: a bucket's all-reduce starts once the backward has filled it
-    ddp_bucket_view=False,  # DDP's gradient_as_bucket_view: gradients are views into the buckets (less memory)
-    ddp_static_graph=False,  # DDP's static_graph
+    ddp_bucket_mb=100.0,  # DDP's bucket_cap_mb: a bucket's all-reduce starts once the backward has filled it
+    ddp_bucket_view=True,  # DDP's gradient_as_bucket_view: gradients are views into the buckets (no copies)
+    ddp_static_graph=True,  # DDP's static_graph, where the model allows it (wrap() checks: static_graph_problem)
     fsdp_reshard_after_forward=True,  # fsdp: False keeps gathered weights through a step: faster, more memory
     # with compile: 'model' compiles the whole model (one graph, nanoGPT's); 'blocks' compiles each transformer
     # block on its own (PyTorch's regional compilation): the blocks share their code, so dynamo traces and
@@ -86,8 +87,8 @@ def init_process(device, backend, timeout_minutes):
     return True, rank, local_rank, world_size, device
 
 
-def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=25.0,
-         bucket_view=False, static_graph=False, reshard_after_forward=True, compile_scope="model"):
+def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=100.0,
+         bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model"):
     """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded.
 
     reduce_dtype: the dtype gradients are summed in over the GPUs, 'float32' (exact, the default) or
@@ -96,7 +97,8 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     DDP only: bucket_mb, gradients are all-reduced in buckets of about this many MB (DDP's bucket_cap_mb;
     torch.compile's DDPOptimizer splits the compiled graph at the same boundaries so the buckets' reductions
     overlap the backward pass); bucket_view, gradients are views into the buckets (no copy in or out, less
-    memory); static_graph, DDP's static_graph=True (the same parameters get gradients every step).
+    memory); static_graph, DDP's static_graph=True (the same parameters get gradients every step), kept only
+    where static_graph_problem finds none.
     FSDP2 only: reshard_after_forward, free each block's gathered weights after its forward and gather them
     again for the backward (least memory), or keep them gathered through the step's micro-steps and reshard
     after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
@@ -111,18 +113,22 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
         raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
                         f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
     if parallelism == "ddp":
+        several = dist.is_available() and dist.is_initialized()
+        problem = several and static_graph and static_graph_problem(model)  # on the model as built, not compiled
+        if problem:
+            print(f"ddp_static_graph: off ({problem})")
         if compile and compile_scope == "blocks":
             print(f"compiling one transformer block, reused by all {len(model.transformer.h)}...")
             compile_blocks(model)
         elif compile:
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
-        if not (dist.is_available() and dist.is_initialized()):
+        if not several:
             return model
         # bucket_cap_mb only when not PyTorch's 25: given, DDP also makes its first bucket that size (1 MB else)
         sizes = {} if bucket_mb == 25 else dict(bucket_cap_mb=bucket_mb)
         ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
-                  gradient_as_bucket_view=bucket_view, static_graph=static_graph, **sizes)
+                  gradient_as_bucket_view=bucket_view, static_graph=static_graph and not problem, **sizes)
         if reduce_dtype == "bfloat16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
         return ddp

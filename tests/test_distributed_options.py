@@ -49,11 +49,12 @@ def runs(tmp_path_factory):
     write_shard(data / "t_train_000001.bin", ids[8000:])
     (data / "meta.json").write_text(json.dumps({"tokenizer": "char", "vocab_size": 16,
                                                 "itos": list("abcdefghijklmn \n")}))
+    plain = dict(ddp_bucket_mb=25, ddp_bucket_view=False, ddp_static_graph=False)  # torch's own defaults
     settings = {
-        "ddp": {},
+        "ddp": {},  # ours: buckets of 100 MB, gradients as views into them, static_graph
+        "ddp_plain": plain,
         # buckets of ~4 KB: several all-reduces a step instead of one; gradients as views into them
-        "ddp_buckets": dict(ddp_bucket_mb=0.004, ddp_bucket_view=True),
-        "ddp_static": dict(ddp_static_graph=True),
+        "ddp_buckets": dict(plain, ddp_bucket_mb=0.004, ddp_bucket_view=True),
         "ddp_bf16": dict(ddp_reduce_dtype="bfloat16"),
         "fsdp": dict(parallelism="fsdp"),
         "fsdp_keep": dict(parallelism="fsdp", fsdp_reshard_after_forward=False),
@@ -70,12 +71,31 @@ def runs(tmp_path_factory):
 
 
 def test_bucket_size_and_views_change_no_loss(runs):
-    assert runs["ddp_buckets"] == runs["ddp"]  # bitwise: each gradient element is the same sum of two ranks
+    assert runs["ddp_buckets"] == runs["ddp_plain"]  # bitwise: each gradient element is the same sum of two ranks
 
 
 def test_static_graph_computes_the_same(runs):
-    # its first micro-step reduces too (DDP needs it), so the first step's sum is rounded differently
-    np.testing.assert_allclose(runs["ddp_static"], runs["ddp"], rtol=0, atol=1e-6)
+    # the defaults' static_graph: its first micro-step reduces too (DDP needs it), so the first step's sum is
+    # rounded differently
+    np.testing.assert_allclose(runs["ddp"], runs["ddp_plain"], rtol=0, atol=1e-6)
+
+
+def test_static_graph_is_decided_from_the_model():
+    """static_graph is right only where every step uses the same parameters: a parameter no training step
+    reaches turns it off. The check draws no random numbers (dropout is on in training) and leaves .grad."""
+    import torch
+
+    from gpt import distributed
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=16, dropout=0.1))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    rng = torch.get_rng_state()
+    assert distributed.static_graph_problem(model) is None
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    assert all(bool((p.grad == 1).all()) for p in model.parameters())
+    model.unused = torch.nn.Linear(4, 4)  # an experiment's head, say, that the forward pass never calls
+    assert distributed.static_graph_problem(model).startswith(
+        "2 parameters get no gradient from a training step (unused.weight, unused.bias)")
 
 
 def test_bf16_reduction_is_close_but_not_exact(runs):
