@@ -38,16 +38,28 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 # which is missing, where the package is not installed (tests/without/ fakes that on a machine that has it).
 
 
+# CUDA-only tests are marked @pytest.mark.cuda: they skip without a CUDA GPU, and `pytest -m cuda` (the GPU
+# check, scripts/gpu_check.py) runs them alone.
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs(*packages): skip, naming them, unless these packages are installed")
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skips without one); pytest -m cuda runs these")
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may run the script that needs it
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") and not _cuda():
+        pytest.skip("needs a CUDA GPU")
     for mark in item.iter_markers("needs"):
         missing = [name for name in mark.args if importlib.util.find_spec(name) is None]
         if missing:
             pytest.skip(f"needs {', '.join(missing)}, not installed here (pip install {' '.join(missing)})")
+
+
+def _cuda():
+    import torch
+    return torch.cuda.is_available()
 
 
 def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300):

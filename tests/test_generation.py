@@ -193,7 +193,7 @@ def test_progress_counts_every_new_token():
         assert len(calls) == 25
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.cuda
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_graphs_match_uncached(family):
     model = tiny(family, n_embd=64).cuda().to(torch.bfloat16)
@@ -204,7 +204,7 @@ def test_cuda_graphs_match_uncached(family):
     assert torch.equal(model.generate(idx, 40, temperature=0), graphed)  # the kept graph, replayed again
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.cuda
 def test_cuda_graph_of_the_compiled_step():
     model = tiny("gpt2", n_embd=64).cuda().to(torch.bfloat16)
     idx = torch.randint(0, 101, (3, 5), device="cuda")

@@ -153,7 +153,7 @@ def test_where_the_graph_cannot_run():
     assert 'activation_checkpointing' in stepgraph.problem('cuda', False, 'bfloat16', True)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("accum", [1, 2])
 def test_cuda_graph_step_matches_the_plain_loop(accum):
     """A real capture: the replayed step trains as the eager one does (the same kernels)."""
