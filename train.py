@@ -203,9 +203,13 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
+startup_part('model')
 compiled = hardware.can_compile(compile, device_type)
 model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, compiled,
                          **distributed.wrap_args(parallel_options))
+wrapped = ' and '.join(x for x in ('torch.compile' if compiled else '', parallelism.upper() if torchrun else '') if x)
+if wrapped:
+    startup_part(wrapped + ' set-up')  # compile imports torch._dynamo; DDP broadcasts the weights
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
@@ -227,7 +231,7 @@ step_graph = None
 if stepgraph.can_graph(cuda_graph, device_type, torchrun, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
                                      block_size, device)
-startup_part('model')
+startup_part('optimizer and state')
 
 
 def elapsed():

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Issue 9's run: GPT-2 124M with config/train_gpt2.py (bf16, compile) on 1 GPU, then under DDP on N GPUs of
+# DDP's scaling: GPT-2 124M with config/train_gpt2.py (bf16, compile) on 1 GPU, then under DDP on N GPUs of
 # the same host, $STEPS (60) steps each on synthetic GPT-2-token shards; tokens/s and MFU are the medians of
 # the last STEPS-20 steps. The global batch is the same (40 micro-steps of 12 x 1024, split over the GPUs), so
 # the first losses must agree. Each further argument is one more N-GPU run with those train.py settings, run
-# back to back after the default one (issue 17's options):
+# back to back after the default one (e.g. torch's own DDP options against ours):
 #   $ bash scripts/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
 #   $ STEPS=40 bash scripts/bench_ddp.sh 4 "--ddp_reduce_dtype=bfloat16" "--ddp_bucket_mb=100 --ddp_bucket_view=True"
+# REUSE_1GPU=1 keeps an earlier call's one-GPU run (o-ddp-1, same STEPS) as the baseline: e.g. N=4, then N=2
+# on CUDA_VISIBLE_DEVICES=0,1 of the same machine.
 set -uo pipefail
 N=${1:-8}; shift
 STEPS=${STEPS:-60}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-python scripts/synth_data.py
-rm -rf o-ddp-1 o-ddp-$N o-ddp-$N-*   # this script's own run folders, from an earlier call
+[ -f data/synth/meta.json ] || python scripts/synth_data.py
+[ "${REUSE_1GPU:-0}" = 1 ] && [ -f o-ddp-1/log.jsonl ] || rm -rf o-ddp-1
+rm -rf o-ddp-$N o-ddp-$N-*   # this script's own run folders, from an earlier call
 RUN="config/train_gpt2.py --dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1 --max_iters=$STEPS"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1; python -c "import torch; print('torch', torch.__version__)"
-timeout 280 python train.py $RUN --out_dir=o-ddp-1 > $OUT/ddp_1gpu.log 2>&1
+[ -f o-ddp-1/log.jsonl ] || timeout 280 python train.py $RUN --out_dir=o-ddp-1 > $OUT/ddp_1gpu.log 2>&1
 NAMES=("o-ddp-1|1 GPU|1" "o-ddp-$N|$N GPUs, defaults|$N")
 i=0
 for extra in "" "$@"; do

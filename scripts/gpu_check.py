@@ -249,11 +249,11 @@ def main(argv):
     unknown = [x for x in chosen if x not in parts]
     if unknown:
         raise SystemExit(f"error: unknown part {', '.join(unknown)}: the parts here are {', '.join(parts)}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    commit = commit.stdout.strip() or (open(os.path.join(ROOT, ".rev")).read().strip()
-                                       if os.path.exists(os.path.join(ROOT, ".rev")) else "unknown")
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    # a copy of the checkout without its .git (a remote machine's) names its commit in .rev
+    rev = os.path.join(ROOT, ".rev")
+    git = lambda *args: subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = open(rev).read().strip() if os.path.exists(rev) else git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = not os.path.exists(rev) and git("status", "--porcelain", "--untracked-files=no")
     head = (f"GPU check: {torch.cuda.get_device_name(0)} x {gpus()}, torch {torch.__version__}, commit {commit}"
             f"{' (with uncommitted changes)' if dirty else ''}, {time.strftime('%Y-%m-%d')}")
     print(head, flush=True)
@@ -270,9 +270,10 @@ def main(argv):
     lines = [head, "", "| part | result | seconds | what decided it |", "| --- | --- | --- | --- |"]
     lines += [f"| {name} | {result} | {seconds:.0f} | {what} |" for name, result, seconds, what in rows]
     lines += ["", f"{len(rows) - len(failed)} of {len(rows)} parts passed in {time.time() - t_all:.0f}s; "
-                  f"logs in {OUT}"]
+                  f"logs in {OUT} (and all of them in its gpu-check-logs.tgz)"]
     with open(os.path.join(OUT, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    subprocess.run(["tar", "czf", "gpu-check-logs.tgz", "--exclude=gpu-check-logs.tgz", "."], cwd=OUT)  # one file
     print("\n" + "\n".join(lines))
     return 1 if failed else 0
 
