@@ -1,4 +1,4 @@
-# Time to quality (issue 18, docs/speedrun.md): reach nanoGPT's GPT-2 124M val loss on the gcide corpus
+# Time to quality (docs/speedrun.md): reach nanoGPT's GPT-2 124M val loss on the gcide corpus
 # (shared/bench/gcide_nanogpt.py: 400 steps of 65,536 tokens) in half its wall-clock time from launch, on one
 # GPU. Same model size, data and tokenizer; what changes is the optimizer, a few architecture switches and the
 # schedule, each one taken from the modded-nanogpt speedrun (github.com/KellerJordan/modded-nanogpt) or a

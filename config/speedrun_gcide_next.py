@@ -1,6 +1,6 @@
 # The speedrun recipe (config/speedrun_gcide.py) plus the token-efficiency switches of modded-nanogpt's record
 # runs (github.com/KellerJordan/modded-nanogpt, README's record table) that change the model: rotary positions,
-# value embeddings and U-net skips (issue 23's "levers to measure"). NOT YET MEASURED ON A GPU: each switch is
+# value embeddings and U-net skips. NOT YET MEASURED ON A GPU: each switch is
 # to be ablated (docs/speedrun.md) before this replaces the recipe. The values are modded-nanogpt's, not tuned
 # here; everything else is speedrun_gcide.py's.
 # $ python train.py config/speedrun_gcide_next.py

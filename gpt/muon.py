@@ -15,7 +15,7 @@ GPT-2 124M 1.6 TFLOP a step, a few ms on an H100 against a step of ~130 ms, prov
 matmuls, not hundreds of small launches: matrices of one shape (all the blocks' q, k, v and attention
 projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch.
 
-Under DDP the orthogonalization is shared (issue 23; muon_shard=True, the default): the gradients are the
+Under DDP the orthogonalization is shared (muon_shard=True, the default): the gradients are the
 same on every rank after DDP's all-reduce, and so is the momentum, so every rank could compute every update
 itself; instead the matrices of each shape are cut into world_size equal runs (the same shape, so the same
 FLOPs: a balanced split of every bucket, not whole buckets per rank, which for GPT-2's two shapes would give

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-The time-to-quality comparison of issue 18 (docs/speedrun.md), on one GPU machine, back to back:
+The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to back:
 
 1. data/gcide (train.bin, val.bin) from gcide.txt.gz with the benchmark's make_corpus.py, if missing;
 2. karpathy/nanoGPT's own train.py (a copy of the --anchor folder, run in a scratch folder under --out)

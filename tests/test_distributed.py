@@ -206,7 +206,7 @@ RECIPE = dict(muon_lr=0.02, learning_rate=6e-3, qk_norm=True, zero_init_proj=Tru
 
 
 def test_two_ranks_train_what_one_process_does_on_random_windows(data_dir, tmp_path):
-    # issue 23: the speedrun on two GPUs ended worse than on one at the same global batch. With the same
+    # the speedrun on two GPUs once ended worse than on one at the same global batch. With the same
     # micro-batches (train.bin's random windows are numbered over all ranks, gpt/loader.py), one process
     # with 2 accumulation steps and two ranks with 1 each compute the same thing: DDP divides each rank's
     # gradient by 2 and sums, which in float32 is the single process's g1/2 + g2/2 (one addition, which

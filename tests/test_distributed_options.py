@@ -125,7 +125,7 @@ def test_wrong_values_are_one_error_line(runs):
 
 
 def test_regional_compilation_compiles_one_block_for_all_and_matches_eager(one_thread):
-    # compile_scope='blocks' (issue 23): each block compiled in place; dynamo traces one block and the others
+    # compile_scope='blocks': each block compiled in place; dynamo traces one block and the others
     # reuse its code (one graph for three blocks), and the loss and gradients are eager's (float32, CPU inductor)
     import copy
 

@@ -225,7 +225,7 @@ def other_characters(tmp):
     return folder
 
 
-# values of the right type that make no sense, config files that break, prompts that are not text (issue 15)
+# values of the right type that make no sense, config files that break, prompts that are not text
 CASES += [
     ("dropout_above_1", "train.py", lambda tmp, s: ["--dropout=1.5"], ["dropout=1.5", "below 1"]),
     ("learning_rate_negative", "train.py", lambda tmp, s: ["--learning_rate=-1"], ["learning_rate=-1", "positive"]),
@@ -285,7 +285,7 @@ def train_bin_folder(tmp):
     return folder
 
 
-# issue 22: tracebacks for user errors, values accepted that mean nothing, config files that end the run
+# tracebacks for user errors, values accepted that mean nothing, config files that end the run
 # unseen, metadata that trains silently wrong, folders that are not transformers models
 CASES += [
     ("dashboard_port_beyond_65535", "train.py", lambda tmp, s: ["--dashboard=True", "--dashboard_port=99999"],
@@ -332,7 +332,7 @@ CASES += [
      lambda tmp, s: [f"--data_dir={dataset_with_meta(tmp, tokenizer='char', vocab_size=16, itos=ITOS, dtype='int8')}"],
      ["meta.json", "dtype 'int8'"]),
 ]
-# after issue 22: numbers too large for a float (1e400 reads as inf), a lowered learning_rate whose schedule
+# numbers too large for a float (1e400 reads as inf), a lowered learning_rate whose schedule
 # would climb to train.py's min_lr, an empty out_dir
 CASES += [
     ("float_flag_beyond_range", "train.py", lambda tmp, s: ["--learning_rate=1e400"],

@@ -249,7 +249,7 @@ dist.destroy_process_group()
 
 
 def test_orthogonalization_shared_over_ranks_gives_the_unshared_weights(tmp_path):
-    # issue 23: under DDP each rank iterates its share of the matrices and all-gathers the rest
+    # under DDP each rank iterates its share of the matrices and all-gathers the rest
     script = tmp_path / "shared_ns.py"
     script.write_text(SHARED_NS)
     run(script, ROOT, tmp_path, nproc=2)

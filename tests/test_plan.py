@@ -126,7 +126,7 @@ def test_a_new_architecture_field_needs_no_change_to_resume_or_checkpoints(extra
     assert model.config.checkpoint_args()[name] == 3
 
 
-# ---- the cases of issue 22, end to end through train.py -------------------------------------------------
+# ---- the refused and resumed runs, end to end through train.py -------------------------------------------------
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
