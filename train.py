@@ -23,7 +23,7 @@ import sys
 import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it
 import torch
 
-_startup = [('import torch', time.time() - _launch_time)]  # where the time before the first step goes
+_imported_torch = time.time()
 import configurator
 from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
 from gpt.data import dataset_label, find_dataset
@@ -31,15 +31,10 @@ from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
 from gpt.tokenizer import check_data_for_model, get_tokenizer
-from gpt.trainlog import TrainLog, check_wandb, start_wandb, startup_line, step_line
+from gpt.trainlog import Startup, TrainLog, check_wandb, start_wandb, step_line
 from model import GPTConfig
 
-_startup.append(('other imports', time.time() - _launch_time - sum(s for _, s in _startup)))
-
-
-def startup_part(name):
-    """The time since the last part of the start-up, as the part `name` (printed before the first step)."""
-    _startup.append((name, time.time() - _launch_time - sum(s for _, s in _startup)))
+startup = Startup(_launch_time, _imported_torch)  # where the time before the first step goes, said as it starts
 
 
 # -----------------------------------------------------------------------------
@@ -137,7 +132,7 @@ device_type = device.split(':')[0]
 master_process = rank == 0  # this process will do logging, checkpointing etc.
 sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
 dtype = hardware.resolve_dtype(dtype, device_type)
-startup_part('settings and processes')
+startup.part('settings and processes')
 
 # data: the dataset's metadata gives its vocabulary and storage dtype
 data_label = dataset_label(dataset, data_dir)  # how messages name it: data_dir, when one is given
@@ -168,7 +163,7 @@ def loader(split, stream):
 
 train_loader = loader('train', stream=0)
 loader('val', stream=1)  # check the val split now, not at the first evaluation
-startup_part('data')
+startup.part('data')
 tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
 writes = not eval_only  # an evaluation writes nothing to out_dir: no log, no checkpoint, no earlier run moved
 if master_process:
@@ -203,13 +198,12 @@ scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
-startup_part('model')
+startup.part('model')
 compiled = hardware.can_compile(compile, device_type)
 model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, compiled,
                          **distributed.wrap_args(parallel_options))
-wrapped = ' and '.join(x for x in ('torch.compile' if compiled else '', parallelism.upper() if torchrun else '') if x)
-if wrapped:
-    startup_part(wrapped + ' set-up')  # compile imports torch._dynamo; DDP broadcasts the weights
+if compiled or torchrun:  # compile imports torch._dynamo; DDP broadcasts the weights (and imports it too)
+    startup.part(' and '.join(['torch.compile'] * compiled + [parallelism.upper()] * torchrun) + ' set-up')
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
 # optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
@@ -231,7 +225,7 @@ step_graph = None
 if stepgraph.can_graph(cuda_graph, device_type, torchrun, dtype, activation_checkpointing):
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
                                      block_size, device)
-startup_part('optimizer and state')
+startup.part('optimizer and state')
 
 
 def elapsed():
@@ -314,8 +308,6 @@ while True:
                        eval_interval, hellaswag_interval, sample_interval, tokens_per_iter, ckpt_every_tokens,
                        checkpoint_interval)
     row = evaluate(due) if due.loss or due.hellaswag else {}
-    if local_iter_num == 0:
-        startup_part('first evaluation')
     if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved
         saver.record_eval(iter_num, row['val_loss'], best_val_loss)
     saves = saver.to_save(iter_num, due, row.get('val_loss'), best_val_loss, eval_only, always_save_checkpoint,
@@ -330,10 +322,9 @@ while True:
 
     step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
     if local_iter_num == 0:  # where the time from launch to here went, on one line
-        startup_part('other')
-        log.write(kind='startup', step=iter_num, **{name.replace(' ', '_'): round(s, 3) for name, s in _startup})
-        if master_process:
-            print(startup_line(_startup, compiled))
+        startup.part('first evaluation')  # and whatever else step 0 does before it trains (a save, samples)
+        log.write(kind='startup', step=iter_num, **startup.row())
+        print(startup.line(compiled))  # rank 0's: the others print nothing (gpt/errors.py)
     # forward backward update, with optional gradient accumulation to simulate larger batch size
     # and using the GradScaler if data type is float16
     if step_graph is not None:

@@ -16,7 +16,8 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     hf           the bridge to Hugging Face transformers, both directions, GPT-2 and Llama
     exportdir    export folders: never a user's folder overwritten, written whole or not at all
     generation   the KV cache and the (CUDA-graphed) one-token decode step
-    schedule     learning-rate schedule and token budgets
+    schedule     learning-rate schedule, token budgets, a step's batch split over the processes
+    optim        torch's AdamW without torch._dynamo's import (a second or more of a run's start-up)
     muon         the Muon optimizer for the blocks' matrices (AdamW for the rest), as one optimizer
     stepgraph    the whole training step as one CUDA graph
     evaluation   loss estimates and samples during training

@@ -17,6 +17,7 @@ With wandb_log=True every row also goes to Weights & Biases (start_wandb), under
 import json
 import math
 import os
+import time
 
 from gpt.errors import UserError
 
@@ -181,15 +182,29 @@ def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, toke
             f"tok/s {tokens_per_iter / dt:,.0f}{extra}, {tokens:,} tokens ({percent:.1f}%)")
 
 
-def startup_line(parts, compiled):
-    """Where a launch's time went before its first step, as one line: parts is [(name, seconds)] in order,
-    their sum the time since launch. compiled: the first evaluation compiles the model (torch.compile is lazy),
-    and the first training step will compile its backward."""
-    total = sum(seconds for _, seconds in parts)
-    what = ", ".join(f"{name} {seconds:.1f}s" + (" with compiling" if compiled and name == "first evaluation" else "")
-                     for name, seconds in parts)
-    return f"startup: first step at {total:.1f}s since launch ({what})" + (
-        "; step 0 compiles the training step" if compiled else "")
+class Startup:
+    """Where a launch's time goes before its first step: parts timed one after another from the launch, printed
+    as one line and logged as one row when the first step starts."""
+
+    def __init__(self, launch_time, imported_torch):
+        self.launch, self.parts = launch_time, []
+        self.part('import torch', until=imported_torch)
+        self.part('other imports')
+
+    def part(self, name, until=None):
+        """The time since the last part (until now, or `until`), as the part `name`."""
+        self.parts.append((name, (until or time.time()) - self.launch - sum(s for _, s in self.parts)))
+
+    def row(self):
+        return {name.replace(' ', '_'): round(seconds, 3) for name, seconds in self.parts}
+
+    def line(self, compiled):
+        """compiled: the first evaluation compiles the model (torch.compile is lazy), and step 0 its backward."""
+        total = sum(seconds for _, seconds in self.parts)
+        what = ", ".join(f"{name} {seconds:.1f}s" + (" with compiling" if compiled and name == "first evaluation"
+                                                     else "") for name, seconds in self.parts)
+        return f"startup: first step at {total:.1f}s since launch ({what})" + (
+            "; step 0 compiles the training step" if compiled else "")
 
 
 def read_log(out_dir):

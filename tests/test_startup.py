@@ -134,3 +134,21 @@ def test_fsdp_starts_every_rank_from_rank_zeros_weights(tmp_path):
     for rank in (0, 1):
         weights = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert all(torch.equal(weights[k], reference[k]) for k in reference), rank
+
+
+def test_a_run_says_where_its_start_up_went(tmp_path, shakespeare_text_path):
+    """One line as the first step starts, and one log row with the same parts, which add up to the time since
+    launch that the line gives."""
+    from conftest import write_char_dataset
+    data = write_char_dataset(tmp_path / 'data', shakespeare_text_path, chars=20000)
+    r = run("train.py", *flags(**tiny(max_iters=2, eval_interval=2), data_dir=data, dataset='x',
+                               out_dir=tmp_path / 'o'))
+    lines = [line for line in r.stdout.splitlines() if line.startswith("startup: ")]
+    assert len(lines) == 1, r.stdout[-2000:]
+    (row,) = log_rows(tmp_path / 'o', 'startup')
+    parts = {k: v for k, v in row.items() if k not in ('kind', 'step')}
+    assert list(parts) == ['import_torch', 'other_imports', 'settings_and_processes', 'data', 'model',
+                           'optimizer_and_state', 'first_evaluation'] and all(v >= 0 for v in parts.values())
+    total = float(lines[0].split(" at ")[1].split("s since")[0])
+    assert abs(sum(parts.values()) - total) < 0.06 and parts['import_torch'] > 0.1, (lines[0], parts)
+    assert f"import torch {parts['import_torch']:.1f}s" in lines[0]
