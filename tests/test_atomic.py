@@ -38,3 +38,31 @@ def test_atomic_path_for_a_memmap(tmp_path):
             np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(3,))
             raise KeyboardInterrupt
     assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3, 4] and os.listdir(tmp_path) == ["train.bin"]
+
+
+def test_a_link_at_the_path_is_replaced_never_written_through(tmp_path):
+    target, other = tmp_path / "elsewhere.pt", tmp_path / "other-name.pt"
+    target.write_bytes(b"keep me")
+    other.write_bytes(b"keep me too")
+    (tmp_path / "ckpt.pt").symlink_to(target)
+    os.link(other, tmp_path / "ckpt-hard.pt")  # one file, two names
+    for name in ("ckpt.pt", "ckpt-hard.pt"):
+        with atomic_write(tmp_path / name) as f:
+            f.write(b"new")
+        assert not os.path.islink(tmp_path / name) and (tmp_path / name).read_bytes() == b"new"
+    assert target.read_bytes() == b"keep me" and other.read_bytes() == b"keep me too"
+
+
+def test_the_temporary_file_is_always_a_new_one(tmp_path, monkeypatch):
+    import tempfile
+    # names the folder already has, as a link and a file: mkstemp (O_EXCL) moves on to a name nobody has
+    names = iter(["taken", "linked", "free"])
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: names)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    (tmp_path / "f.bin.taken.tmp").write_bytes(b"someone's")
+    (tmp_path / "f.bin.linked.tmp").symlink_to(victim)
+    with atomic_write(tmp_path / "f.bin") as f:
+        f.write(b"data")
+    assert (tmp_path / "f.bin").read_bytes() == b"data" and victim.read_bytes() == b"untouched"
+    assert (tmp_path / "f.bin.taken.tmp").read_bytes() == b"someone's"
