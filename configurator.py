@@ -12,14 +12,16 @@ Each argument is either a config file (a Python file, run with the current value
 assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
 string). Later arguments win. A config file sees its own path as __file__; an exception it raises,
 SystemExit included (a file cannot end the run unseen), is one line naming the file and line. Unknown keys
-and values of the wrong type stop the script with one line naming the key, the expected type and the given
-value; an int is accepted for a float. A folder or file setting that starts with ~ is under the user's home.
+(with the setting a typo most likely meant) and values of the wrong type stop the script with one line naming
+the key, the expected type and the given value; an int is accepted for a float. A folder or file setting
+that starts with ~ is under the user's home.
 
 The returned config also records which keys the user gave (config.given): every key a config file assigns
 or a flag sets, whatever its value. A value equal to the script's default still counts as given: resuming a
 2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers, not silence.
 """
 import ast
+import difflib
 import math
 import os
 import re
@@ -34,6 +36,14 @@ CONFIG_TYPES = (bool, int, float, str)
 def config_keys(g):
     """The configuration of a script: its public module-level globals of plain types."""
     return [k for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)]
+
+
+def _unknown(key, known, where):
+    """The error for a key no setting has, naming the setting a typo (--batchsize) most likely meant. The cutoff
+    is above difflib's 0.6, which pairs names merely alike (a removed hellaswag_path with hellaswag_interval)."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+    hint = f": did you mean {close[0]}?" if close else " (--help lists every setting)"
+    return UserError(f"unknown config key '{key}' {where}{hint}")
 
 
 def _coerce(key, value, current, where):
@@ -123,7 +133,7 @@ def _run_config_file(path, config):
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
             continue  # imports, helper functions and private names are the file's own business
         if key not in config:
-            raise UserError(f"unknown config key '{key}' in {path}")
+            raise _unknown(key, config, f"in {path}")
         overrides[key] = value
     return overrides
 
@@ -144,8 +154,17 @@ def _comments(script):
     return comments
 
 
+# where --help sends a script's users: configuration.md describes every train.py setting (tests/test_docs.py
+# holds it to that); the other scripts' settings are their comments, with more on the page named
+DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", "export.py": "docs/export.md",
+        "hellaswag.py": "docs/fineweb.md", "bench.py": "docs/benchmarks.md", "dashboard.py": "docs/monitoring.md",
+        "plot.py": "docs/monitoring.md", "convert_checkpoint.py": "docs/scaling.md",
+        "check_generation.py": "docs/generation.md"}
+
+
 def usage(settings, script):
-    """What --help prints: how to call the script, and every setting with its default and comment."""
+    """What --help prints: how to call the script, every setting with its default and comment, and where the
+    settings are described."""
     comments = _comments(script)
     name = os.path.basename(script)
     lines = [f"usage: python {name} [config_file.py ...] [--key=value ...]",
@@ -153,7 +172,10 @@ def usage(settings, script):
              "win.", "Settings, with their defaults:"]
     for key, value in settings.items():
         lines.append(f"  --{key}={value!r}" + (f"  # {comments[key]}" if key in comments else ""))
-    lines.append("Every setting is described in docs/configuration.md.")
+    if name == "train.py":
+        lines.append(f"Every setting is described in {DOCS[name]}.")
+    elif name in DOCS:
+        lines.append(f"More in {DOCS[name]}.")
     return "\n".join(lines)
 
 
@@ -182,7 +204,7 @@ def apply(g, argv, *sections):
                 raise UserError(f"cannot parse argument {arg!r}: write --key=value")
             key = arg[2:].partition("=")[0]
             if key not in config:
-                raise UserError(f"unknown config key '{key}' (from {arg})")
+                raise _unknown(key, config, f"(from {arg})")
             key, value = _parse_flag(arg, config[key])
             value = _expand_home(key, value)
             print(f"config flag: {key} = {value!r}")

@@ -30,7 +30,9 @@ def test_int_accepted_for_float_and_strings_taken_as_given():
 
 
 @pytest.mark.parametrize("arg, words", [
-    ("--batch_sise=3", ["unknown config key 'batch_sise'"]),
+    ("--batch_sise=3", ["unknown config key 'batch_sise'", "did you mean batch_size?"]),
+    ("--batchsize=32", ["unknown config key 'batchsize' (from --batchsize=32): did you mean batch_size?"]),
+    ("--lr=1e-3", ["unknown config key 'lr' (from --lr=1e-3) (--help lists every setting)"]),
     ("--batch_size=3.5", ["batch_size expects int", "3.5", "float"]),
     ("--batch_size=abc", ["batch_size expects int", "'abc'"]),
     ("--compile=1", ["compile expects bool", "1"]),
@@ -48,11 +50,22 @@ def test_bad_arguments_name_the_problem(arg, words):
 def test_config_file_errors_name_the_file(tmp_path):
     cfg = tmp_path / "bad.py"
     cfg.write_text("batch_sise = 3\n")
-    with pytest.raises(UserError, match=r"unknown config key 'batch_sise' in .*bad\.py"):
+    with pytest.raises(UserError, match=r"unknown config key 'batch_sise' in .*bad\.py: did you mean batch_size\?$"):
         configurator.apply(defaults(), [str(cfg)])
     cfg.write_text("batch_size = '3'\n")
     with pytest.raises(UserError, match=r"batch_size expects int, got '3' \(str\) from .*bad\.py"):
         configurator.apply(defaults(), [str(cfg)])
+
+
+def test_a_typo_is_answered_with_the_setting_meant_among_every_section():
+    """The hint looks at every setting, the sections' too (train.py's model switches), and stays quiet rather
+    than name a setting merely alike (a removed name is not a typo of a current one)."""
+    g, model_options = defaults(), dict(n_kv_head=0, rope_theta=10000.0)
+    with pytest.raises(UserError, match="did you mean rope_theta"):
+        configurator.apply(g, ["--ropetheta=5e5"], model_options)
+    with pytest.raises(UserError) as e:
+        configurator.apply(dict(defaults(), hellaswag_interval=0), ["--hellaswag_path=x"])
+    assert "did you mean" not in str(e.value)
 
 
 def test_help_lists_every_setting_with_its_default_and_comment(tmp_path, capsys):
@@ -82,6 +95,11 @@ def test_scripts_answer_help(script, setting, tmp_path):
     assert r.stdout.startswith(f"usage: python {script} ") and any(line.startswith(f"  {setting}")
                                                                     for line in r.stdout.splitlines())
     assert os.listdir(tmp_path) == []
+    # the page the last line names exists; only train.py's promises every setting (tests/test_docs.py checks)
+    last = r.stdout.strip().splitlines()[-1]
+    page = configurator.DOCS[script]
+    assert last == (f"Every setting is described in {page}." if script == "train.py" else f"More in {page}.")
+    assert os.path.isfile(os.path.join(ROOT, page))
 
 
 def test_a_folder_setting_starting_with_a_tilde_is_under_home(tmp_path, monkeypatch):
