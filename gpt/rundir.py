@@ -22,6 +22,14 @@ The run's folder, out_dir: writable, held by one run at a time, and never shared
 - A new run into a folder holding an earlier run's log or checkpoints moves them into
   out_dir/earlier-<date>-<time>/ first, saying so: nothing of the earlier run is mixed in or deleted, and it
   can still be resumed from there.
+- The run's own files are never written through a link. A symbolic link where a run keeps a file of its own
+  (run.lock, log.jsonl, ckpt.pt, ckpt-*.pt, ckpt_dcp/) is refused by check(), naming it, since writing
+  there would change the file it points to (a run.lock linked to ~/.bashrc would be truncated); run.lock is
+  opened with O_NOFOLLOW in case one appears after the check. out_dir itself may be a link (out ->
+  /scratch/run): that is where the user put the folder. A hard-linked run.lock (the folder copied with
+  `cp -al`) is replaced by a file of this run's own, so the copy's is left as it was; the log does the same
+  (gpt/trainlog.py), and checkpoints are written to new files and renamed (gpt/atomic.py), which never
+  touches another name's file.
 """
 import atexit
 import datetime
@@ -42,11 +50,15 @@ except ImportError:  # Windows: no flock
 LOCK_NAME = "run.lock"
 # what belongs to a run: its log and checkpoints (ckpt-<iter>.pt, ckpt-tok....pt, fsdp's ckpt_dcp/)
 RUN_FILES = ("log.jsonl", "ckpt.pt", "ckpt_dcp", "ckpt_dcp.old")
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # what flock says when another process holds the lock
 
 
 def check(out_dir, fresh):
     """Everything claim() needs, checked without touching the disk (a failure is one line, UserError)."""
+    if os.path.islink(out_dir) and not os.path.exists(out_dir):
+        raise UserError(f"out_dir {out_dir} is a link to {os.readlink(out_dir)}, which does not exist: make that "
+                        f"folder, or choose another --out_dir")
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"out_dir {out_dir} is a file, not a folder: choose another --out_dir")
     existing = nearest_existing(out_dir)
@@ -58,6 +70,7 @@ def check(out_dir, fresh):
         raise UserError(f"out_dir {out_dir} {what}: choose another --out_dir")
     if existing != out_dir:
         return  # a folder still to be made holds nothing and nobody holds it
+    check_no_links(out_dir)
     holder = live_holder(out_dir)
     if holder:
         raise in_use(out_dir, holder)
@@ -67,6 +80,23 @@ def check(out_dir, fresh):
         if stuck:
             raise UserError(f"out_dir {out_dir} holds an earlier run whose {', '.join(stuck)} cannot be moved aside "
                             f"(not writable): choose another --out_dir, or resume it with --init_from=resume")
+
+
+def own_files(out_dir):
+    """The names in out_dir of files a run writes itself (its lock, log and checkpoints, a sharded save's
+    temporary folder)."""
+    return [f for f in os.listdir(out_dir) if f in (LOCK_NAME, "ckpt_dcp.tmp") or is_run_file(f)]
+
+
+def check_no_links(out_dir):
+    """A UserError naming each symbolic link where the run would write a file of its own."""
+    links = [os.path.join(out_dir, f) for f in own_files(out_dir) if os.path.islink(os.path.join(out_dir, f))]
+    if links:
+        named = ", ".join(f"{path} (a link to {os.readlink(path)})" for path in links)
+        them = "it" if len(links) == 1 else "them"
+        raise UserError(f"{named}: a run writes its own files in out_dir, never through a link; remove {them} "
+                        f"(what {them} point{'s' * (them == 'it')} to stays as it is), or, to keep the run's "
+                        f"files elsewhere, make out_dir itself the link")
 
 
 def nearest_existing(path):
@@ -161,7 +191,7 @@ class Claim:
     def hold_lock_file(self):
         path = self.lock_path
         while True:  # plain file descriptors: nothing buffered that a full disk could fail to flush at exit
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self.open_lock_file()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -173,8 +203,11 @@ class Claim:
                       f"{self.out_dir}")
                 return
             try:
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                    break  # the file at `path`, not one that a run which just ended had removed
+                st, held = os.lstat(path), os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):  # not one a run that just ended removed
+                    if held.st_nlink == 1:
+                        break
+                    os.remove(path)  # also another folder's (a `cp -al` copy): this run makes one of its own
             except FileNotFoundError:
                 pass
             os.close(fd)
@@ -190,6 +223,15 @@ class Claim:
         except OSError:
             pass  # a full disk: the lock holds all the same, without the holder's name
         self.lock_fd = fd
+
+    def open_lock_file(self):
+        """run.lock, made if need be, never through a link: check() refused one, and one made since is too."""
+        try:
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+        except OSError:
+            if os.path.islink(self.lock_path):
+                check_no_links(self.out_dir)
+            raise
 
     def owner_problem(self):
         """Why out_dir is no longer this run's, in words, or None: it still is. A query, asked before every
@@ -208,7 +250,7 @@ class Claim:
         if self.lock_fd is None:
             return None
         try:
-            st, text = os.stat(self.lock_path), read_start(self.lock_path)
+            st, text = os.lstat(self.lock_path), read_start(self.lock_path)
         except FileNotFoundError:
             return None if self.dir_fd is not None else (
                 f"{self.lock_path} was removed, so this run cannot tell whether another run has used "
@@ -288,9 +330,9 @@ def live_holder(out_dir):
     lock = os.path.join(out_dir, LOCK_NAME)
     for path in (out_dir, lock):
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | (NOFOLLOW if path == lock else 0))
         except OSError:
-            continue  # no run.lock: nobody holds it
+            continue  # no run.lock (or a link, which check() refuses): nobody holds it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -331,7 +373,11 @@ def folder_lock_pid(path):
 
 def earlier_run(out_dir):
     """The names of an earlier run's files in out_dir."""
-    return sorted(f for f in os.listdir(out_dir) if f in RUN_FILES or (f.startswith("ckpt-") and f.endswith(".pt")))
+    return sorted(f for f in os.listdir(out_dir) if is_run_file(f))
+
+
+def is_run_file(name):
+    return name in RUN_FILES or (name.startswith("ckpt-") and name.endswith(".pt"))
 
 
 def earlier_runs(out_dir):
@@ -355,7 +401,7 @@ def set_aside(out_dir):
         return None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     dest, n = os.path.join(out_dir, f"earlier-{stamp}"), 1
-    while os.path.exists(dest):
+    while os.path.lexists(dest):
         n += 1
         dest = os.path.join(out_dir, f"earlier-{stamp}-{n}")
     moved = []

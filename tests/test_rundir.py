@@ -231,3 +231,62 @@ def test_a_live_run_never_writes_into_a_folder_another_run_claimed(tmp_path):
         assert "is no longer the folder this run claimed" in stale.owner_problem()
     finally:
         held.release()
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_link_where_the_run_writes_is_refused_before_the_claim(tmp_path, fresh):
+    """A symbolic link at run.lock, log.jsonl or a checkpoint would have the run write into what it points to."""
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("run.lock", "log.jsonl", "ckpt.pt", "ckpt-0000010.pt", "ckpt_dcp"):
+        (out / name).symlink_to(target)
+        for call in (rundir.check, rundir.claim):
+            with pytest.raises(UserError) as e:
+                call(str(out), fresh=fresh)
+            assert str(e.value).startswith(f"{out / name} (a link to {target}): a run writes its own files in "
+                                           f"out_dir, never through a link; remove it"), str(e.value)
+            assert "\n" not in str(e.value)
+        assert os.listdir(out) == [name] and target.read_text() == "keep me"  # nothing claimed, nothing moved
+        os.remove(out / name)
+
+
+def test_a_linked_out_dir_is_the_users_choice(tmp_path):
+    real = tmp_path / "scratch" / "run"
+    real.mkdir(parents=True)
+    (real / "log.jsonl").write_text("an earlier run's")
+    (tmp_path / "out").symlink_to(real)
+    held = rundir.claim(str(tmp_path / "out"), fresh=True)
+    try:
+        assert (real / "run.lock").exists() and held.owner_problem() is None
+        (aside,) = [f for f in os.listdir(real) if f.startswith("earlier-")]
+        assert (real / aside / "log.jsonl").read_text() == "an earlier run's"
+    finally:
+        held.release()
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")  # a link to nothing: said as such, nothing made
+    with pytest.raises(UserError, match=f"out_dir {tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, which "
+                                        f"does not exist"):
+        rundir.claim(str(tmp_path / "gone"), fresh=True)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_run_lock_is_never_opened_through_a_link_nor_shared_with_a_hard_linked_copy(tmp_path):
+    out, copy = tmp_path / "out", tmp_path / "copy"
+    out.mkdir()
+    copy.mkdir()
+    (copy / "run.lock").write_text("the copy's\n")
+    os.link(copy / "run.lock", out / "run.lock")  # as `cp -al copy out` leaves it
+    held = rundir.claim(str(out), fresh=False)
+    try:
+        assert (copy / "run.lock").read_text() == "the copy's\n"  # the run made a run.lock of its own
+        assert (out / "run.lock").read_text().startswith(f"PID {os.getpid()} ")
+    finally:
+        held.release()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    late = rundir.Claim(str(out))
+    (out / "run.lock").symlink_to(target)  # one that appeared after the check
+    with pytest.raises(UserError, match="a link to"):
+        late.hold_lock_file()
+    assert target.read_text() == "keep me"
