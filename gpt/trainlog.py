@@ -9,19 +9,31 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
 and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
 first writes a row of kind "plan": the run plan (gpt/plan.py's RunPlan.record()), as its checkpoints record it,
 and, as its first step starts, one of kind "startup": where the time from launch went (seconds per part).
-Values that do not apply are null. The checkpoint records the log's length in bytes, so a resumed run
-first drops the rows written after that checkpoint (the steps it is about to run again) and says so.
+Values that do not apply are null. The "end" row also has best_val_loss, checkpoint (its path) and
+next_command (what to type next), null where the run has none. The checkpoint records the log's length in
+bytes, so a resumed run first drops the rows written after that checkpoint: after a clean stop that is only
+the "end" row, dropped quietly; training steps logged after the checkpoint (a crash, a kill -9) run again,
+and the run says which.
+
+The log is never written through a link: opened with O_NOFOLLOW (gpt/rundir.py refuses a link there before
+the run starts; this holds for one made since), and a log that is one of several names of a file (a hard
+link, from `cp -al` of a run folder) is first copied to a file of this run's own, so the other name keeps
+what it had rather than being cut back or appended to.
 
 With wandb_log=True every row also goes to Weights & Biases (start_wandb), under the names of wandb_metrics.
 """
 import json
 import math
 import os
+import shutil
+import stat
 import time
 
+from gpt.atomic import atomic_write
 from gpt.errors import UserError
 
 LOG_NAME = "log.jsonl"
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)
 
 
 class TrainLog:
@@ -31,22 +43,52 @@ class TrainLog:
         self.enabled = enabled  # only the master process writes
         self.wandb = None  # a wandb run (start_wandb) that gets every row too
         self.failing = False  # the last write failed (a full disk): said once, until one succeeds
+        self.owned = False  # checked that the log is this run's own file, not a name shared with another
 
     def position(self):
         return os.path.getsize(self.path) if os.path.exists(self.path) else 0
 
+    def open(self, flags):
+        """A descriptor of the log, never through a link, and of a file no other name shares."""
+        if not self.owned:
+            self.own()
+        try:
+            return os.open(self.path, flags | NOFOLLOW, 0o644)
+        except OSError as e:
+            if os.path.islink(self.path):
+                raise OSError(e.errno, "it is a symbolic link, which a run never writes through", self.path)
+            raise
+
+    def own(self):
+        """Make the log a file of this run's own if it has other names (hard links): copied whole, put in
+        place atomically; the other names keep the file as it was."""
+        self.owned = True
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            with open(self.path, "rb") as src, atomic_write(self.path) as dst:
+                shutil.copyfileobj(src, dst)
+            print(f"note: {self.path} was one of {st.st_nlink} names of a file (hard links); this run writes to a "
+                  f"copy of its own and leaves the others as they were")
+
     def resume_at(self, position):
         """Cut the log back to where it stood when the checkpoint we resume from was saved."""
-        if not self.enabled or not os.path.exists(self.path):
+        if not self.enabled or not os.path.lexists(self.path):
             return
-        size = os.path.getsize(self.path)
-        if size > position:
-            with open(self.path, "rb") as f:
-                f.seek(position)
-                dropped = f.read().count(b"\n")
-            with open(self.path, "r+b") as f:
-                f.truncate(position)
-            print(f"log: dropped {dropped} rows of {self.path} written after the checkpoint (those steps run again)")
+        try:
+            fd = self.open(os.O_RDWR)
+        except OSError as e:
+            raise UserError(f"cannot resume the log {self.path} ({e.strerror or e}): put the run's own log there")
+        with os.fdopen(fd, "r+b") as f:
+            f.seek(position)
+            dropped = f.read()
+            f.truncate(position)
+        if dropped:
+            note = dropped_note(dropped, self.path)
+            if note:
+                print(note)
 
     def write(self, **row):
         if not self.enabled:
@@ -54,7 +96,7 @@ class TrainLog:
         # NaN and inf are not JSON: write them as null
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         try:
-            with open(self.path, "a") as f:
+            with os.fdopen(self.open(os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
                 f.write(json.dumps(row) + "\n")
             self.failing = False
         except OSError as e:  # a full disk: say so once, and go on training
@@ -64,17 +106,57 @@ class TrainLog:
         if self.wandb is not None and row["kind"] not in ("end", "plan", "startup"):  # wandb has the plan as its config
             self.wandb.log(wandb_metrics(row))
 
-    def end(self, step, tokens_per_iter, start_step, seconds, launch_seconds, stopped=False):
-        """The run is over (done, or stopped to be resumed): print the total training time and tokens, and write
-        an "end" row, the dashboard's sign that the run is no longer live (a resumed run drops it again, as it
-        comes after the last checkpoint)."""
+    def end(self, step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped=False,
+            best_val_loss=None, checkpoint=None, next_command=None):
+        """The run is over (done, or stopped to be resumed): print what it did in all (steps, tokens, training
+        time; this launch's part when it resumed an earlier one), its best val loss, its checkpoint and the
+        command to type next, where given, and write them in an "end" row, the dashboard's sign that the run
+        is no longer live (a resumed run drops it again, as it comes after the last checkpoint).
+        tokens: the run's total, every launch's included; start_tokens: the total when this launch started."""
         if not self.enabled:
             return
-        launch = (f" (this launch: {step - start_step:,} steps, {(step - start_step) * tokens_per_iter:,} tokens in "
-                  f"{duration(launch_seconds)})" if start_step else "")
-        print(f"{'stopped' if stopped else 'done'}: {step:,} steps, {step * tokens_per_iter:,} tokens, "
-              f"{duration(seconds)} of training{launch}")
-        self.write(kind="end", step=step, tokens=step * tokens_per_iter, time=seconds, stopped=stopped)
+        if best_val_loss is not None and not math.isfinite(best_val_loss):
+            best_val_loss = None
+        print("\n".join(end_lines(step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped,
+                                   best_val_loss, checkpoint, next_command)))
+        self.write(kind="end", step=step, tokens=tokens, time=seconds, stopped=stopped, best_val_loss=best_val_loss,
+                   checkpoint=checkpoint, next_command=next_command)
+
+
+def end_lines(step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped, best_val_loss, checkpoint,
+              next_command):
+    """The run's last words: its totals, then what it leaves (best val loss, checkpoint), then what to type."""
+    launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
+              f"{duration(launch_seconds)})" if start_step else "")
+    lines = [f"{'stopped' if stopped else 'done'}: {step:,} steps, {tokens:,} tokens, {duration(seconds)} of "
+             f"training{launch}"]
+    kept = ([f"best val loss {best_val_loss:.4f}"] if best_val_loss is not None else []) + (
+        [f"checkpoint {checkpoint}"] if checkpoint else [])
+    if kept:
+        lines.append(", ".join(kept))
+    if next_command:
+        lines.append(f"next: {next_command}")
+    return lines
+
+
+def dropped_note(dropped, path):
+    """What a resumed run says about the rows it cut from its log (the bytes after the checkpoint's position):
+    the training steps logged after the checkpoint, which run again, or None when there were none (a clean
+    stop leaves only its "end" row there; a launch that died before its first checkpoint, its plan)."""
+    steps = set()
+    for line in dropped.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if isinstance(row, dict) and row.get("kind") == "train" and isinstance(row.get("step"), int):
+            steps.add(row["step"])
+    if not steps:
+        return None
+    what = f"step {min(steps):,}" if len(steps) == 1 else f"steps {min(steps):,}-{max(steps):,}"
+    rows = len(dropped.splitlines())
+    return (f"log: {what} ran after the checkpoint and run{'s' * (len(steps) == 1)} again: dropped {rows} rows "
+            f"of {path} written after it")
 
 
 def duration(seconds):

@@ -1,4 +1,7 @@
 """
+The run log: its end lines and "end" row, what a resumed run says about the rows it drops, and a log never
+written through a link nor into a file another name shares.
+
 wandb_log=True, for real: the wandb package in offline mode (no account, no network) records the config and
 every row of the training log under stable names, and a resumed run goes on in the same wandb run. The
 offline run folders are read back with `wandb leet inspect --json`, wandb's own reader of its .wandb files.
@@ -13,9 +16,9 @@ import pytest
 import torch
 from conftest import flags, run, tiny, write_char_dataset
 
-from gpt.trainlog import read_log
+from gpt.errors import UserError
+from gpt.trainlog import TrainLog, read_log
 
-pytestmark = pytest.mark.needs("wandb")
 TINY = tiny(eval_interval=3, dataset="chars", wandb_log=True, wandb_project="nanogpt-test", wandb_run_name="tiny",
             hellaswag_interval=3, sample_interval=3, num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")
 HELLASWAG = {"ind": 0, "activity_label": "Cooking", "ctx_a": "A man is in a kitchen.", "ctx_b": "he",
@@ -63,6 +66,7 @@ def config(recs):
     return out
 
 
+@pytest.mark.needs("wandb")
 def test_wandb_offline_run_holds_the_config_and_every_metric_and_resumes(chars, tmp_path):
     out_dir, wandb_dir = tmp_path / "out", tmp_path / "wandb"
     train(chars, out_dir, wandb_dir, max_iters=6)
@@ -109,3 +113,73 @@ def test_wandb_offline_run_holds_the_config_and_every_metric_and_resumes(chars, 
     assert [h["step"] for h in history(recs) if "train/loss" in h] == [6, 7, 8]
     assert [h["step"] for h in history(recs) if "val/loss" in h] == [9]
     assert config(recs)["max_iters"] == 9
+
+
+def test_end_says_the_totals_what_the_run_leaves_and_what_to_type_next(tmp_path, capsys):
+    log = TrainLog(tmp_path)
+    # a resumed run: 1,000 steps before this launch, the token count its checkpoint kept (not step * tokens per
+    # step: a run may change its batch when it resumes)
+    log.end(2000, 30_000_000, 1000, 14_000_000, 835.0, 421.0, best_val_loss=1.46971,
+            checkpoint=str(tmp_path / "ckpt.pt"), next_command=f"python sample.py --out_dir={tmp_path}")
+    assert capsys.readouterr().out.splitlines() == [
+        "done: 2,000 steps, 30,000,000 tokens, 13m55s of training (this launch: 1,000 steps, 16,000,000 tokens "
+        "in 7m01s)",
+        f"best val loss 1.4697, checkpoint {tmp_path / 'ckpt.pt'}",
+        f"next: python sample.py --out_dir={tmp_path}"]
+    assert read_log(tmp_path)[-1] == {"kind": "end", "step": 2000, "tokens": 30_000_000, "time": 835.0,
+                                      "stopped": False, "best_val_loss": 1.46971,
+                                      "checkpoint": str(tmp_path / "ckpt.pt"),
+                                      "next_command": f"python sample.py --out_dir={tmp_path}"}
+    # a first launch stopped by a signal, without an evaluation (no best val loss): one line, nulls in the row
+    log.end(6, 384, 0, 0, 2.5, 3.0, stopped=True, best_val_loss=float("inf"))
+    assert capsys.readouterr().out == "stopped: 6 steps, 384 tokens, 2.5s of training\n"
+    assert read_log(tmp_path)[-1] == {"kind": "end", "step": 6, "tokens": 384, "time": 2.5, "stopped": True,
+                                      "best_val_loss": None, "checkpoint": None, "next_command": None}
+
+
+def rows_of(*rows):
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def test_a_resume_after_a_clean_stop_drops_its_end_row_quietly(tmp_path, capsys):
+    kept = rows_of({"kind": "plan", "step": 0}, *({"kind": "train", "step": s} for s in range(4)))
+    (tmp_path / "log.jsonl").write_text(kept + rows_of({"kind": "end", "step": 4, "stopped": True}))
+    TrainLog(tmp_path).resume_at(len(kept))
+    assert (tmp_path / "log.jsonl").read_text() == kept and capsys.readouterr().out == ""
+    # steps logged after the checkpoint (the run was killed): named, as they run again
+    (tmp_path / "log.jsonl").write_text(kept + rows_of({"kind": "train", "step": 4}, {"kind": "eval", "step": 4},
+                                                       {"kind": "train", "step": 5}) + '{"kind": "tr')
+    TrainLog(tmp_path).resume_at(len(kept))
+    assert (tmp_path / "log.jsonl").read_text() == kept
+    assert capsys.readouterr().out == (f"log: steps 4-5 ran after the checkpoint and run again: dropped 4 rows of "
+                                       f"{tmp_path / 'log.jsonl'} written after it\n")
+
+
+def test_the_log_is_never_written_through_a_link(tmp_path, capsys):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n" * 3)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "log.jsonl").symlink_to(target)
+    log = TrainLog(out)
+    with pytest.raises(UserError, match="it is a symbolic link, which a run never writes through"):
+        log.resume_at(4)
+    log.write(kind="train", step=0)  # a link made while the run goes on: one line, and training goes on
+    assert capsys.readouterr().out.startswith(f"error: could not write to {out / 'log.jsonl'} (it is a symbolic "
+                                              f"link, which a run never writes through)")
+    assert target.read_text() == "keep me\n" * 3
+
+
+def test_a_hard_linked_log_becomes_the_runs_own(tmp_path, capsys):
+    copy, out = tmp_path / "copy", tmp_path / "out"
+    copy.mkdir()
+    out.mkdir()
+    kept = rows_of({"kind": "train", "step": 0})
+    (copy / "log.jsonl").write_text(kept + rows_of({"kind": "end", "step": 1}))
+    os.link(copy / "log.jsonl", out / "log.jsonl")  # as `cp -al copy out` leaves it; out resumes
+    log = TrainLog(out)
+    log.resume_at(len(kept))
+    log.write(kind="train", step=1)
+    assert [row["kind"] for row in read_log(copy)] == ["train", "end"]  # the copy's log as it was
+    assert [row["step"] for row in read_log(out)] == [0, 1] and os.stat(out / "log.jsonl").st_nlink == 1
+    assert "was one of 2 names of a file (hard links); this run writes to a copy of its own" in capsys.readouterr().out
