@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, run
 
-from gpt.data import TINY_SHAKESPEARE_URL, open_tokens, read_meta, tiny_shakespeare
+from gpt.data import TINY_SHAKESPEARE_URL, open_shard, open_tokens, read_meta, tiny_shakespeare
 from gpt.errors import UserError
 from gpt.tokenizer import get_tokenizer
 
@@ -53,6 +53,13 @@ def read_text(path):
         return f.read()
 
 
+def last_lines(r):
+    """A prepare script's last two lines: what it wrote where, and the command to run next (split off)."""
+    wrote, next_line = r.stdout.strip().splitlines()[-2:]
+    assert next_line.startswith("next: python train.py "), r.stdout[-2000:]
+    return wrote, next_line[len("next: python "):].split()
+
+
 def decode_splits(out_dir):
     meta = read_meta(out_dir)
     tok = get_tokenizer(meta)
@@ -69,6 +76,11 @@ def test_shakespeare_char(text_path, tmp_path):
     assert (len(train), len(val)) == expected_splits(text_path, tok)
     assert tok.decode(train) + tok.decode(val) == read_text(text_path)
     assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
+    # it ends saying where it wrote and what to run: the recipe, pointed at the folder written
+    wrote, command = last_lines(r)
+    assert wrote == f"wrote {tmp_path}: train.bin ({len(train):,} tokens), val.bin ({len(val):,}), meta.json (65 " \
+                    f"characters)"
+    assert command == ["train.py", "config/train_shakespeare_char.py", f"--data_dir={tmp_path}"]
 
 
 def test_shakespeare_bpe(text_path, gpt2_ranks_path, tmp_path):
@@ -79,6 +91,9 @@ def test_shakespeare_bpe(text_path, gpt2_ranks_path, tmp_path):
     tok, (train, val) = decode_splits(tmp_path)
     assert (len(train), len(val)) == expected_splits(text_path, tok)
     assert tok.decode(train) + tok.decode(val) == read_text(text_path)
+    wrote, command = last_lines(r)
+    assert wrote == f"wrote {tmp_path}: train.bin ({len(train):,} tokens), val.bin ({len(val):,}), meta.json"
+    assert command == ["train.py", "config/finetune_shakespeare.py", f"--data_dir={tmp_path}"]
 
 
 @pytest.mark.needs("datasets")
@@ -108,6 +123,9 @@ def test_openwebtext_local(gpt2_ranks_path, tmp_path):
     want = [tok.enc.encode_ordinary(d) for d in docs]
     assert sorted(got) == sorted(want)
     assert sorted(tok.decode(d) for d in got) == sorted(docs)
+    wrote, command = last_lines(r)
+    assert wrote == f"wrote {out}: train.bin ({len(train):,} tokens), val.bin ({len(val):,}), meta.json"
+    assert command[:3] == ["train.py", "config/train_gpt2.py", f"--data_dir={out}"]
 
 
 def test_missing_input_is_one_line(tmp_path):
@@ -238,8 +256,13 @@ def test_char_folder_trains_and_samples(tmp_path, texts):
     val = np.fromfile(data / "val.bin", dtype=np.uint16)
     assert (len(train), len(val)) == (8100, 900)  # the files in path order, joined; the last 10% is val
     assert "".join(meta["itos"][i] for i in np.concatenate([train, val])) == text[:9000]
+    # the command it ends with trains on what it wrote, at the context it was prepared for
+    wrote, command = last_lines(r)
+    assert wrote == f"wrote {data}: train.bin (8,100 tokens), val.bin (900), meta.json (char tokenizer, " \
+                    f"{meta['vocab_size']} tokens)"
+    assert command == ["train.py", "config/train_text.py", f"--data_dir={data}", "--block_size=32"]
     out = tmp_path / "out"
-    run("train.py", "config/train_text.py", f"--data_dir={data}", f"--out_dir={out}", *TEXT_TINY)
+    run(*command, f"--out_dir={out}", *TEXT_TINY)
     r = run("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=20")
     assert "---------------" in r.stdout
 
@@ -343,6 +366,21 @@ def test_rows_without_text_are_skipped_and_counted_and_a_file_that_is_not_its_ki
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # datasets logs its own line before
     assert r.stderr.strip().splitlines()[-1] == (f"error: --local {tmp_path / 'broken.jsonl'}: could not read it as "
                                                  f"json (ArrowInvalid: JSON parse error: Invalid value. in row 0)")
+
+
+@pytest.mark.needs("datasets")
+def test_fineweb_ends_with_its_shards_and_the_command_that_trains_on_them(tmp_path, gpt2_ranks_path):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:10]))
+    out = tmp_path / "out"
+    r = prepare("fineweb", "--local", tmp_path / "docs.jsonl", "--out_dir", out, "--shard_size=40", "--num_proc=1",
+                env={"HF_DATASETS_CACHE": str(tmp_path / "hf_cache")})
+    assert r.returncode == 0, r.stderr
+    sizes = [len(open_shard(os.path.join(out, name))) for name in sorted(os.listdir(out))
+             if name.endswith(".bin")]
+    wrote, command = last_lines(r)
+    assert wrote == f"wrote {out}: {len(sizes)} shards, 1 val (40 tokens) and {len(sizes) - 1} train " \
+                    f"({sum(sizes) - 40:,} tokens), meta.json"
+    assert command[:3] == ["train.py", "config/train_gpt2_fineweb.py", f"--data_dir={out}"]
 
 
 @pytest.mark.parametrize("script, args", [

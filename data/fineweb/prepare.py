@@ -148,7 +148,14 @@ def main():
         old = None
     if old != meta:  # an unchanged file is left alone, so a re-run changes nothing
         write_meta(args.out_dir, meta)
-    print(f"{index} shards in {args.out_dir}: 1 val, {index - 1} train")
+    val = min(total, args.shard_size)
+    print(f"wrote {args.out_dir}: {index} shards, 1 val ({val:,} tokens) and {index - 1} train "
+          f"({total - val:,} tokens), meta.json")
+    # the config trains on data/fineweb, one GPU or several: shards written elsewhere are named with --data_dir
+    default = os.path.dirname(os.path.abspath(__file__))
+    elsewhere = "" if os.path.abspath(args.out_dir) == default else f" --data_dir={args.out_dir}"
+    print(f"next: python train.py config/train_gpt2_fineweb.py{elsewhere}  (8 GPUs: torchrun --standalone "
+          f"--nproc_per_node=8 train.py ...)")
 
 
 # the guard matters: multiprocessing's spawn start method (macOS, Windows) re-imports this file in every worker

@@ -27,7 +27,8 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("--dataset", default="Skylion007/openwebtext", help="HF hub dataset id (its 'train' split)")
 parser.add_argument("--local", "--input", dest="local", help="local file or folder to read instead of the hub")
 parser.add_argument("--text_column", default="text")
-parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+parser.add_argument("--out_dir", default=HERE)
 parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="worker processes for loading and tokenizing (a good number is about half your cores)")
 parser.add_argument("--val_fraction", type=float, default=0.0005)
@@ -100,6 +101,17 @@ def process(example):
     return {"ids": ids, "len": len(ids)}
 
 
+def say_done(tokens):
+    """The last lines: what was written where ({split: tokens}), and the command that trains on it."""
+    write_meta(args.out_dir, meta)  # last: a folder with meta.json is a finished dataset
+    print(f"wrote {args.out_dir}: train.bin ({tokens['train']:,} tokens), val.bin ({tokens['val']:,}), meta.json"
+          + (", tokenizer.json" if "tokenizer_file" in meta else ""))
+    # the config trains on data/openwebtext, one GPU or several: data written elsewhere is named with --data_dir
+    elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
+    print(f"next: python train.py config/train_gpt2.py{elsewhere}  (8 GPUs: torchrun --standalone "
+          f"--nproc_per_node=8 train.py ...)")
+
+
 def say_skipped(lengths):
     """Rows whose text column held no text (every document has at least its end-of-text token)."""
     skipped = int((np.asarray(lengths) == 0).sum())
@@ -140,6 +152,7 @@ if args.streaming:
         permutation = np.random.default_rng(args.seed).permutation(len(lengths))
         sources["val"] = sources["train"]
         orders = {"train": permutation[n_val:], "val": permutation[:n_val]}
+    written = {}
     for split in ("train", "val"):
         path, lens = sources[split]
         docs = np.memmap(path, dtype=DTYPES[meta["dtype"]], mode="r") if lens.sum() else np.zeros(0)
@@ -150,12 +163,12 @@ if args.streaming:
             with open(tmp, "wb") as f:
                 for i in order:
                     f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
-        print(f"{split}.bin has {int(lens[order].sum()):,} tokens")
+        written[split] = int(lens[order].sum())
         del docs
     for path, _ in sources.values():
         if os.path.exists(path):
             os.remove(path)
-    write_meta(args.out_dir, meta)
+    say_done(written)
     sys.exit(0)
 
 
@@ -165,6 +178,7 @@ tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
 # concatenate all the ids in each dataset into one large file we can use for training
 lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
 say_skipped(np.concatenate(list(lengths.values())))
+written = {}
 for split, dset in tokenized.items():
     arr_len = int(lengths[split].sum())
     filename = os.path.join(args.out_dir, f"{split}.bin")
@@ -182,8 +196,8 @@ for split, dset in tokenized.items():
         assert idx == arr_len, (idx, arr_len)
         arr.flush()
         del arr  # unmapped before the rename
-    print(f"{split}.bin has {arr_len:,} tokens")
-write_meta(args.out_dir, meta)
+    written[split] = arr_len
+say_done(written)
 
 # train.bin is ~17GB, val.bin ~8.5MB
 # train has ~9B tokens (9,035,582,198)

@@ -20,7 +20,8 @@ from gpt.tokenizer import dataset_tokenizer
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
-parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+parser.add_argument("--out_dir", default=HERE)
 parser.add_argument("--tokenizer", default="gpt2",
                     help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
 parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
@@ -45,6 +46,14 @@ if not train_ids or not val_ids:
 write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, meta["dtype"])
 write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, meta["dtype"])
 write_meta(args.out_dir, meta)
+print(f"wrote {args.out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json"
+      + (", tokenizer.json" if "tokenizer_file" in meta else ""))
+# GPT-2's tokens fine-tune GPT-2 (the config reads data/shakespeare); a tokenizer of its own trains a new model
+elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
+if args.tokenizer == "gpt2":
+    print(f"next: python train.py config/finetune_shakespeare.py{elsewhere}")
+else:
+    print(f"next: python train.py config/train_text.py --data_dir={args.out_dir} --out_dir=out-shakespeare-bpe")
 
 # train.bin has 301,966 tokens
 # val.bin has 36,059 tokens

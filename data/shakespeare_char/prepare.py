@@ -17,7 +17,8 @@ from gpt.tokenizer import Tokenizer, char_meta
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
-parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+parser.add_argument("--out_dir", default=HERE)
 args = parser.parse_args()
 make_out_dir(args.out_dir)
 
@@ -47,6 +48,11 @@ print(f"val has {len(val_ids):,} tokens")
 write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, meta["dtype"])
 write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, meta["dtype"])
 write_meta(args.out_dir, meta)
+print(f"wrote {args.out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json "
+      f"({meta['vocab_size']} characters)")
+# the config trains on data/shakespeare_char; data written elsewhere is named with --data_dir
+elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
+print(f"next: python train.py config/train_shakespeare_char.py{elsewhere}")
 
 # length of dataset in characters:  1,115,394
 # all the unique characters:

@@ -27,6 +27,7 @@ from gpt.tokenizer import Tokenizer, char_meta, dataset_tokenizer
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
 TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")
+BLOCK_SIZE = 256  # the default context: config/train_text.py's block_size
 
 
 def is_text_name(name):
@@ -68,7 +69,7 @@ def main(argv=None):
     parser.add_argument("--errors", default="strict", choices=("strict", "replace"),
                         help="bytes that do not decode: strict stops with an error, replace makes each U+FFFD")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="the share of tokens kept for val")
-    parser.add_argument("--block_size", type=int, default=256,
+    parser.add_argument("--block_size", type=int, default=BLOCK_SIZE,
                         help="the context you will train with: val and train get at least one window each")
     args = parser.parse_args(argv)
     if not args.input:
@@ -127,12 +128,13 @@ def main(argv=None):
     write_tokens(os.path.join(out_dir, "train.bin"), train_ids, meta["dtype"])
     write_tokens(os.path.join(out_dir, "val.bin"), val_ids, meta["dtype"])
     write_meta(out_dir, meta)  # last: a folder with meta.json is a finished dataset
-    print(f"train.bin has {len(train_ids):,} tokens, val.bin {len(val_ids):,} ({args.tokenizer} tokenizer, "
-          f"{meta['vocab_size']:,} tokens) in {out_dir}")
-    if args.out_dir:
-        print(f"train with: python train.py config/train_text.py --data_dir={out_dir}")
-    else:
-        print(f"train with: python train.py config/train_text.py --dataset={args.name} --out_dir=out-{args.name}")
+    print(f"wrote {out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json"
+          + (", tokenizer.json" if "tokenizer_file" in meta else "")
+          + f" ({args.tokenizer} tokenizer, {meta['vocab_size']:,} tokens)")
+    where = f"--data_dir={out_dir}" if args.out_dir else f"--dataset={args.name} --out_dir=out-{args.name}"
+    # config/train_text.py's context is the default --block_size: a smaller one must be trained with too
+    context = f" --block_size={args.block_size}" if args.block_size != BLOCK_SIZE else ""
+    print(f"next: python train.py config/train_text.py {where}{context}")
 
 
 if __name__ == "__main__":
