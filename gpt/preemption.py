@@ -1,14 +1,24 @@
 """
-Stopping a run cleanly when the machine is taken away. SIGTERM (what schedulers and torchrun send) or
-SIGINT (Ctrl-C) asks the training loop to finish its current step, write a checkpoint and exit with a
-message saying how to resume. A second signal exits at once, without a checkpoint.
+Stopping a run cleanly when the machine is taken away. SIGTERM (what schedulers and torchrun send), SIGINT
+(Ctrl-C) or SIGHUP (the terminal was closed) asks the training loop to finish its current step, write a
+checkpoint and exit with a message saying how to resume. A second SIGTERM or SIGINT exits at once, without a
+checkpoint; a second SIGHUP does not, since one closed terminal can send it twice (the shell passes its own
+on, and the kernel signals the terminal's processes when the shell exits).
+
+After a hangup the terminal is gone and every write to it fails (EIO): stdout and stderr, where they were
+that terminal, are pointed at /dev/null, so the prints on the way to the checkpoint and after it cannot stop
+the run short of its checkpoint. Output redirected to a file or a pipe keeps going there. A run started
+under nohup (SIGHUP ignored) keeps ignoring it.
 """
 import os
 import signal
+import stat
 import sys
 
 import torch
 import torch.distributed as dist
+
+HANGUP = getattr(signal, "SIGHUP", None)  # Windows has none
 
 
 class StopRequest:
@@ -17,16 +27,25 @@ class StopRequest:
         self.signum = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        if HANGUP is not None and signal.getsignal(HANGUP) is not signal.SIG_IGN:  # nohup's choice stands
+            signal.signal(HANGUP, self._handle)
 
     def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
         if self.signum is not None:
-            print(f"\n{signal.Signals(signum).name} again: exiting now, without a checkpoint", file=sys.__stderr__,
-                  flush=True)
-            sys.stdout.flush()
+            if signum == HANGUP:
+                return  # a terminal's hangup again, not someone asking twice
+            say(f"\n{name} again: exiting now, without a checkpoint", sys.__stderr__)
+            try:
+                sys.stdout.flush()
+            except (OSError, ValueError, RuntimeError):
+                pass
             os._exit(128 + signum)
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: finishing this step, then writing a checkpoint "
-              f"(send it again to exit at once)", flush=True)
+        if signum == HANGUP:
+            mute_dead_terminal()
+        say(f"\n{name} received{' (the terminal closed?)' if signum == HANGUP else ''}: finishing this step, then "
+            f"writing a checkpoint (send {'SIGTERM' if signum == HANGUP else 'it again'} to exit at once)")
 
     def requested(self, device=None):
         """Whether to stop now. Under DDP every rank must agree, or the ranks that go on would wait
@@ -41,3 +60,32 @@ class StopRequest:
     @property
     def exit_code(self):
         return 128 + (self.signum or signal.SIGTERM)
+
+
+def say(text, stream=None):
+    """Print from a signal handler: it runs between any two bytecodes of the run, possibly inside another print
+    (RuntimeError: a reentrant call) or with the terminal gone (OSError); the message is then lost, never the
+    run."""
+    try:
+        print(text, file=stream or sys.stdout, flush=True)
+    except (OSError, ValueError, RuntimeError):
+        pass
+
+
+def mute_dead_terminal():
+    """stdout and stderr that were a terminal now hung up go to /dev/null (a live terminal stays)."""
+    for fd in (1, 2):
+        if hung_up(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+
+
+def hung_up(fd):
+    """Whether fd is a terminal that was hung up: a character device that no longer answers as a terminal
+    (isatty fails once the terminal is gone) and is not /dev/null."""
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISCHR(st.st_mode) and not os.isatty(fd) and st.st_rdev != os.stat(os.devnull).st_rdev
+    except OSError:
+        return False

@@ -4,8 +4,10 @@ start and the totals at the end, total_batch_size, the lr_schedule choices, buil
 """
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -87,3 +89,52 @@ def test_the_start_counts_shards(tmp_path):
         write_shard(tmp_path / name, list(range(n)))
     assert describe_dataset(str(tmp_path), None) == (f"data: train 2 shards, 500 tokens; val 1 shard, 100 tokens "
                                                      f"in {tmp_path}, GPT-2 BPE (no meta.json)")
+
+
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint(data_dir, tmp_path):
+    """The run's terminal is closed (the window, an ssh session that dropped): the kernel hangs the terminal up
+    and sends SIGHUP. The run finishes its step and saves a checkpoint, though every write to the terminal
+    now fails."""
+    fcntl, termios = pytest.importorskip("fcntl"), pytest.importorskip("termios")
+    import pty
+    import select
+
+    from gpt.checkpoint import load_checkpoint
+    out = tmp_path / "out"
+    terminal, tty = pty.openpty()
+    args = [f"--{k}={v}" for k, v in {**TINY, "max_iters": 100000, "eval_interval": 100000}.items()]
+    proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *args],
+                            cwd=ROOT, env=ENV, stdin=tty, stdout=tty, stderr=tty, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    os.close(tty)
+    shown, deadline = b"", time.time() + 120
+    while len(re.findall(rb"^iter \d+:", shown, re.M)) < 4:  # what the terminal showed, read as it comes
+        assert time.time() < deadline and proc.poll() is None, shown.decode(errors="replace")[-3000:]
+        if select.select([terminal], [], [], 0.2)[0]:
+            shown += os.read(terminal, 65536)
+    os.close(terminal)  # the terminal is gone
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, read_log(out)[-3:]
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    end = read_log(out)[-1]
+    assert end["kind"] == "end" and end["stopped"] and end["step"] == ckpt["iter_num"] >= 4
+    assert [row["step"] for row in read_log(out) if row["kind"] == "train"] == list(range(ckpt["iter_num"]))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP (Windows)")
+def test_a_second_hangup_is_no_second_request_and_nohup_is_kept(capsys):
+    from gpt.preemption import StopRequest
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a command
+        StopRequest()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        stop = StopRequest()
+        for _ in range(2):  # one closed terminal: the shell passes its SIGHUP on, the kernel sends its own
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert stop.requested() and stop.exit_code == 128 + signal.SIGHUP  # still here, to checkpoint
+        assert "SIGHUP received (the terminal closed?): finishing this step" in capsys.readouterr().out
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
