@@ -490,13 +490,8 @@ class GPT(nn.Module):
         return [m for b in self.transformer.h for m in ((b.attn.c_attn.weight, [cfg.n_embd, kv, kv]),
                 (b.attn.c_proj.weight, None), (b.mlp.c_fc.weight, fc), (b.mlp.c_proj.weight, None))]
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=0.0, muon_momentum=0.95,
-                             muon_weight_decay=0.0, parallelism='ddp', muon_shard=True):
-        if muon_lr:  # Muon for the blocks' matrices, AdamW for the rest: one optimizer
-            from gpt import muon
-            return muon.configure(self.hidden_matrices(), [p for p in self.parameters() if p.requires_grad],
-                                  learning_rate, muon_lr, weight_decay, muon_weight_decay, betas, muon_momentum,
-                                  device_type, parallelism, muon_shard)
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """nanoGPT's AdamW (train.py's optimizer='adamw'; gpt/optim.py builds the others)."""
         # every weight matrix and embedding decays; biases and norm gains do not
         params = [p for p in self.parameters() if p.requires_grad]
         decay_params = [p for p in params if p.dim() >= 2]

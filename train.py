@@ -25,13 +25,12 @@ import torch
 
 _imported_torch = time.time()
 import configurator
-from gpt import checkpoint, distributed, hardware, muon, plan, rundir, schedule, settings, stepgraph
-from gpt.data import dataset_label, find_dataset
+from gpt import checkpoint, distributed, hardware, muon, optim, plan, rundir, schedule, step, stepgraph
 from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from gpt.loader import make_loader
 from gpt.preemption import StopRequest
-from gpt.tokenizer import check_data_for_model, get_tokenizer
-from gpt.trainlog import Startup, TrainLog, check_wandb, start_wandb, step_line
+from gpt.tokenizer import get_tokenizer
+from gpt.trainlog import Startup, TrainLog, start_wandb, step_line
 from model import GPTConfig
 
 startup = Startup(_launch_time, _imported_torch)  # where the time before the first step goes, said as it starts
@@ -80,7 +79,8 @@ bias = False  # do we use bias inside LayerNorm and Linear layers?
 # the model's other switches are GPTConfig's fields (model.py), settings here too, with its defaults: family
 # ('gpt2' or 'llama'), n_kv_head, mlp_hidden, rope_theta, tie_embeddings, qk_norm, mlp_act, logit_softcap, ...
 model_options = GPTConfig.options()
-# adamw optimizer
+# the optimizer
+optimizer = 'adamw'  # 'adamw' (nanoGPT's), or 'muon': Muon for the blocks' matrices, AdamW the rest (gpt/optim.py)
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
 max_tokens = 0  # or a token budget: when set, max_iters = ceil(max_tokens / tokens per iteration)
@@ -98,13 +98,11 @@ lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or wit
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 lr_schedule = 'cosine'  # after the warm-up: 'cosine' (to min_lr), 'constant', or 'wsd' (stable, then linear decay)
 lr_decay_frac = 0.2  # wsd: decay to min_lr over this last fraction of max_iters
-muon_options = dict(muon.OPTIONS)  # muon_lr > 0: Muon for the blocks' matrices, AdamW the rest (gpt/muon.py)
+muon_options = dict(muon.OPTIONS)  # optimizer='muon': its rate muon_lr, momentum, ... (gpt/muon.py)
 # distributed settings
-backend = ''  # '' picks nccl on GPUs and gloo on CPUs
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
-parallel_options = dict(distributed.OPTIONS)  # ddp_reduce_dtype, ddp_bucket_mb, ...: see gpt/distributed.py
-dist_timeout_minutes = 10  # how long a collective waits for a missing rank before the whole run fails
+parallel_options = dict(distributed.OPTIONS)  # backend, ddp_bucket_mb, compile_scope, ...: see gpt/distributed.py
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
@@ -117,74 +115,54 @@ seed = 1337
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options, parallel_options)
 # -----------------------------------------------------------------------------
-# The run is decided before anything is touched: the settings, where the weights come from, the data and the
-# machine make one frozen plan (gpt/plan.py); every check that can fail runs; only then is out_dir claimed (an
-# earlier run moved aside), are weights downloaded and the model built.
-settings.check_train(config)  # values that are the right type but make no sense: one line each
-unused = settings.inert(config)  # settings the user gave that this run's others make do nothing: said below
-if wandb_log:
-    check_wandb()  # installed, and a key or offline mode: now, not after the model is built
-
-# under torchrun, one process per GPU (rank 0 of 1 otherwise)
-device = hardware.resolve_device(device)
-torchrun, rank, local_rank, world_size, device = distributed.init_process(device, backend, dist_timeout_minutes)
-device_type = device.split(':')[0]
-master_process = rank == 0  # this process will do logging, checkpointing etc.
-sharded = parallelism == 'fsdp' and torchrun  # checkpoints in shards, every rank its own
-dtype = hardware.resolve_dtype(dtype, device_type)
-startup.part('settings and processes')
-
-# data: the dataset's metadata gives its vocabulary and storage dtype
-data_label = dataset_label(dataset, data_dir)  # how messages name it: data_dir, when one is given
-data_dir, meta, prepare_hint = find_dataset(dataset, data_dir, master_process, named='dataset' in config.given)
-source = plan.source(init_from, out_dir, parallelism)  # a checkpoint, a pretrained model, or nothing: only read
-run = plan.make(config, source, meta, world_size, device, dtype, verbose=master_process)
+# The run is decided before anything is touched: the settings, the machine (torchrun's processes), the data
+# and the weights it starts from make one frozen plan (gpt/plan.py), every check that can fail runs, and from
+# here on the script reads the plan. Only then is out_dir claimed (an earlier run moved aside), are weights
+# downloaded and the model built.
+run, source = plan.make(config)
 config = dict(run.settings)  # every setting as the run uses it: what checkpoints and log.jsonl record
-block_size, tokens_per_iter = run.block_size, run.tokens_per_iter
-batch_size, gradient_accumulation_steps = run.micro_batch, run.micro_steps  # per process: the global batch split
-max_iters, warmup_iters, lr_decay_iters = run.max_iters, run.warmup_iters, run.lr_decay_iters
-vocab_size, meta_vocab_size = run.model['vocab_size'], meta['vocab_size'] if meta else None
-check_data_for_model(meta, init_from, source.checkpoint, data_label)  # the data's tokenizer must be the model's
-if meta_vocab_size and meta_vocab_size > vocab_size:
-    raise errors.UserError(f"{data_label} has vocab_size {meta_vocab_size} but the model only "
-                           f"{vocab_size}: the data and the model use different tokenizers")
-if sharded and (ckpt_every_tokens or hellaswag_interval):
-    raise errors.UserError("ckpt_every_tokens and hellaswag_interval do not work with parallelism=fsdp yet: use "
-                           "checkpoint_interval, and evaluate checkpoints with hellaswag.py")
+globals().update({k: v for k, v in config.items() if k in globals()})  # from here on, every setting is the plan's
+device_type, master_process = run.device_type, run.master
+startup.part('plan')
+distributed.init_process(device, config['backend'], config['dist_timeout_minutes'])  # torchrun: join the group
+if run.torchrun:
+    startup.part('process group')
 
 
 def loader(split, stream):
     """Sequential over shards, or random windows of train.bin/val.bin; checks the files first: every id within
     the dataset's vocabulary (which the model's holds)."""
-    return make_loader(data_dir, split, batch_size, block_size, device, meta_vocab_size or vocab_size,
-                       meta['dtype'] if meta else 'uint16', seed, rank, world_size, stream, prepare_hint,
-                       micro_steps=gradient_accumulation_steps if stream == 0 else 1)
+    return make_loader(run.data_dir, split, run.micro_batch, run.block_size, device,
+                       run.meta['vocab_size'] if run.meta else run.model['vocab_size'],
+                       run.meta['dtype'] if run.meta else 'uint16', seed, run.rank, run.world_size, stream,
+                       run.prepare_hint, micro_steps=run.micro_steps if stream == 0 else 1)
 
 
 train_loader = loader('train', stream=0)
 loader('val', stream=1)  # check the val split now, not at the first evaluation
 startup.part('data')
-tokenizer = get_tokenizer(meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
-writes = not eval_only  # an evaluation writes nothing to out_dir: no log, no checkpoint, no earlier run moved
+tokenizer = get_tokenizer(run.meta) if (sample_interval or hellaswag_interval) else None  # for in-training samples
 if master_process:
-    if writes:
-        rundir.check(out_dir, fresh=run.init != 'resume')  # writable, and no live run in it
-    else:
+    if not run.writes:
         print(f"eval_only: the losses are printed; nothing is written to {out_dir}")
-    print(f"tokens per iteration will be: {tokens_per_iter:,}")
+    print(f"tokens per iteration will be: {run.tokens_per_iter:,}")
+dashboard_server = None
+if dashboard and master_process:  # its port is taken now: one in use is refused before out_dir is touched
+    from gpt import dashboard as live_page
+    dashboard_server = live_page.make_server(out_dir, dashboard_port)
 
 # -----------------------------------------------------------------------------
 # side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
 claim = None  # out_dir: locked for this run, an earlier run's files moved aside by a new one
-if master_process and writes:
+if master_process and run.writes:
     claim = rundir.claim(out_dir, fresh=run.init != 'resume')
     errors.on_failure(claim.undo)  # a run that fails before its first step leaves out_dir as it found it
 if hellaswag_interval:
     from gpt import hellaswag
     hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
-torch.manual_seed(seed + rank)  # each process gets a different seed
+torch.manual_seed(seed + run.rank)  # each process gets a different seed
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
-ctx = hardware.autocast(device_type, dtype)
+ctx = hardware.autocast(device_type, run.dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])
 model = plan.build_model(run, source, seed)  # downloads GPT-2's weights for init_from=gpt2*
@@ -192,39 +170,37 @@ model_args = model.config.checkpoint_args()  # what checkpoints record: nanoGPT'
 model.to(device)
 
 # initialize a GradScaler. If enabled=False scaler is a no-op
-scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+scaler = torch.amp.GradScaler(device_type, enabled=(run.dtype == 'float16'))
 
 # compile the model, and spread it over the processes: DDP or FSDP2
 raw_model = model  # the unwrapped model: its state dict has no prefixes, and it estimates MFU
 if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
 startup.part('model')
-compiled = hardware.can_compile(compile, device_type)
-model = distributed.wrap(model, parallelism, device_type, local_rank, dtype, compiled,
-                         **distributed.wrap_args(parallel_options))
-if compiled or torchrun:  # compile imports torch._dynamo; DDP broadcasts the weights (and imports it too)
-    startup.part(' and '.join(['torch.compile'] * compiled + [parallelism.upper()] * torchrun) + ' set-up')
+model = distributed.wrap(model, run.parallelism if run.torchrun else 'ddp', device_type, run.local_rank, run.dtype,
+                         run.compile, **distributed.wrap_args({**parallel_options, 'compile_scope': run.compile_scope}))
+if run.compile or run.torchrun:  # compile imports torch._dynamo; DDP broadcasts the weights (and imports it too)
+    startup.part(' and '.join(['torch.compile'] * run.compile + [run.parallelism.upper()] * run.torchrun) + ' set-up')
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
 
-# optimizer: made after sharding, since FSDP2 replaces the parameters with sharded ones
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                           parallelism=parallelism, **muon_options)
+# the optimizer the plan names: made after sharding, since FSDP2 replaces the parameters with sharded ones
+optimizer = optim.build(raw_model, run.optimizer, device_type)
 
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
-log = TrainLog(out_dir, enabled=master_process and writes)
-state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, rank, world_size)
+log = TrainLog(out_dir, enabled=master_process and run.writes)
+state = checkpoint.restore(source.checkpoint, model, optimizer, scaler, train_loader, log, run.rank, run.world_size)
 saver = checkpoint.Saver(out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, whose out_dir
 iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
-if iter_num >= max_iters and not eval_only:
-    print(f"nothing to train: the checkpoint is at step {iter_num:,}, max_iters={max_iters:,} (raise --max_iters "
+if iter_num >= run.max_iters and not eval_only:
+    print(f"nothing to train: the checkpoint is at step {iter_num:,}, max_iters={run.max_iters:,} (raise --max_iters "
           f"or --max_tokens to train on)")
 source = None  # free up memory (a checkpoint's tensors)
 
-# the whole training step as one CUDA graph (gpt/stepgraph.py), where it can be: captured at the first step
+# the whole training step as one CUDA graph (gpt/stepgraph.py), where the plan says it can be
 step_graph = None
-if stepgraph.can_graph(cuda_graph, device_type, torchrun, dtype, activation_checkpointing):
-    step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, gradient_accumulation_steps, batch_size,
-                                     block_size, device)
+if run.cuda_graph:
+    step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, run.micro_steps, run.micro_batch,
+                                     run.block_size, device, scaler=scaler)
 startup.part('optimizer and state')
 
 
@@ -236,9 +212,10 @@ def elapsed():
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
     exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it."""
-    return saver.save(raw_model if not sharded else model, optimizer, sharded, name, keep_checkpoints,
-                      model_args=model_args, iter_num=iter_num, best_val_loss=best_val_loss, config=config,
-                      scaler=scaler.state_dict(), train_loader=train_loader.state_dict(), dataset_meta=meta,
+    return saver.save(raw_model if not run.sharded else model, optimizer, run.sharded, name, keep_checkpoints,
+                      model_args=model_args, iter_num=iter_num, tokens=run.tokens_at(iter_num),
+                      best_val_loss=best_val_loss, config=config, scaler=scaler.state_dict(),
+                      train_loader=train_loader.state_dict(), dataset_meta=dict(run.meta) if run.meta else None,
                       log_position=log.position(), elapsed=elapsed(), skipped_steps=skipped_steps,
                       wandb_run_id=state['wandb_run_id'], plan=run.record())
 
@@ -250,14 +227,14 @@ def evaluate(due):
         losses = estimate_loss(model, lambda split: loader(split, stream=1), eval_iters, ctx, device)
         row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
     if due.hellaswag:
-        hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, rank, world_size,
+        hs = hellaswag.evaluate(eval_model, hellaswag_examples, tokenizer, device, ctx, run.rank, run.world_size,
                                 progress=True)  # a bar on rank 0, when it writes to a terminal
         row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
     if master_process:
         print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
               + f", {time.time() - _launch_time:.1f}s since launch")
-        log.write(kind='eval', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(),
-                  percent=100 * iter_num / max(max_iters, 1), **row)
+        log.write(kind='eval', step=iter_num, tokens=run.tokens_at(iter_num), time=elapsed(),
+                  percent=100 * iter_num / max(run.max_iters, 1), **row)
     return row
 
 
@@ -268,45 +245,52 @@ def print_samples():
                          sample_max_tokens, ctx, device, seed + iter_num, top_p=sample_top_p)
     for text in texts if master_process else []:
         print(f"sample {iter_num}: {text!r}")
-    log.write(kind='sample', step=iter_num, tokens=iter_num * tokens_per_iter, time=elapsed(), samples=texts)
+    log.write(kind='sample', step=iter_num, tokens=run.tokens_at(iter_num), time=elapsed(), samples=texts)
+
+
+def micro_batches():
+    """This step's micro-batches. The loop always holds the next batch: each is read (and copied to the GPU,
+    asynchronously) while the GPU still runs the work before it."""
+    global X, Y
+    for _ in range(run.micro_steps):
+        batch = X, Y
+        X, Y = train_loader.next_batch()
+        yield batch
 
 
 # logging
 if master_process:
     print("config:", " ".join(f"{k}={v!r}" for k, v in config.items()))
-    for line in unused:
+    for line in run.notes:
         print(f"note: {line}")
 log.write(kind='plan', step=iter_num, **run.record())  # each launch's plan, as its checkpoints record it
 if wandb_log and master_process:
     log.wandb = start_wandb(wandb_project, wandb_run_name, config, state['wandb_run_id'])  # gets every log row
     state['wandb_run_id'] = log.wandb.id
-if dashboard and master_process:
-    from gpt.dashboard import start_dashboard
-    start_dashboard(out_dir, dashboard_port, training=True)
+if dashboard_server is not None:
+    live_page.serve(dashboard_server, training=True)
 
 # training loop
 if claim is not None:
     claim.settle()  # the run starts: from here on a failure leaves its files (and the earlier run's aside) be
-stop = StopRequest()  # SIGTERM / SIGINT: finish the step, checkpoint, exit
+stop = StopRequest()  # SIGTERM / SIGINT / SIGHUP: finish the step, checkpoint, exit
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
 local_iter_num = 0  # number of iterations in the lifetime of this process
-start_iter = iter_num
 running_mfu = -1.0
 nonfinite_in_a_row = 0
 while True:
 
     # determine and set the learning rate for this iteration
-    lr = schedule.get_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters,
-                         lr_schedule if decay_lr else 'none', lr_decay_frac, max_iters)  # decay_lr=False: constant
-    for param_group in optimizer.param_groups if step_graph is None else []:  # the graph's is a tensor it sets
-        param_group['lr'] = lr
+    lr = schedule.get_lr(iter_num, learning_rate, min_lr, run.warmup_iters, run.lr_decay_iters, run.lr_schedule,
+                         lr_decay_frac, run.max_iters)
+    step.set_lr(optimizer, lr)
 
     # evaluate the loss on train/val sets (and HellaSwag), draw samples, write checkpoints: whatever is due at
     # this step (at the end too, so the last model counts). A resumed run skips what its first step has done.
-    due = schedule.due(iter_num, max_iters, eval_only, init_from == 'resume' and iter_num == start_iter,
-                       eval_interval, hellaswag_interval, sample_interval, tokens_per_iter, ckpt_every_tokens,
-                       checkpoint_interval)
+    due = schedule.due(iter_num, run.max_iters, eval_only, run.init == 'resume' and iter_num == run.start_iter,
+                       eval_interval, hellaswag_interval, sample_interval, run.tokens_per_iter, ckpt_every_tokens,
+                       checkpoint_interval, tokens=run.tokens_at(iter_num))
     row = evaluate(due) if due.loss or due.hellaswag else {}
     if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved
         saver.record_eval(iter_num, row['val_loss'], best_val_loss)
@@ -315,7 +299,7 @@ while True:
     best_val_loss = min(best_val_loss, row.get('val_loss', best_val_loss))
     for name in saves:
         save(name)
-    if due.samples and (master_process or parallelism == 'fsdp'):
+    if due.samples and (master_process or run.sharded):
         print_samples()
     if eval_only or due.last:
         break
@@ -324,36 +308,15 @@ while True:
     if local_iter_num == 0:  # where the time from launch to here went, on one line
         startup.part('first evaluation')  # and whatever else step 0 does before it trains (a save, samples)
         log.write(kind='startup', step=iter_num, **startup.row())
-        print(startup.line(compiled))  # rank 0's: the others print nothing (gpt/errors.py)
-    # forward backward update, with optional gradient accumulation to simulate larger batch size
-    # and using the GradScaler if data type is float16
+        print(startup.line(run.compile))  # rank 0's: the others print nothing (gpt/errors.py)
+    # forward, backward and update over the micro-batches (gpt/step.py), the same function replayed from a
+    # CUDA graph where the plan says so; a NaN/inf loss or gradient skips the update
     if step_graph is not None:
-        # the same step replayed from a CUDA graph; it skips a non-finite update itself, on the GPU
-        X, Y, loss_sum, grad_norm = step_graph.run(X, Y, train_loader.next_batch, lr)
-        grad_norm = float(grad_norm)
+        loss_sum, grad_norm = step_graph.run(micro_batches())
     else:
-        loss_sum = 0.0
-        for micro_step in range(gradient_accumulation_steps):
-            # gradients are reduced across ranks only at the last micro step
-            distributed.set_gradient_sync(model, micro_step == gradient_accumulation_steps - 1)
-            with ctx:
-                logits, loss = model(X, Y)
-                loss = loss / gradient_accumulation_steps  # scale the loss to account for gradient accumulation
-            loss_sum += loss.detach()  # the step's mean loss, without a CPU-GPU sync
-            # immediately async prefetch next batch while model is doing the forward pass on the GPU
-            X, Y = train_loader.next_batch()
-            # backward pass, with gradient scaling if training in fp16
-            scaler.scale(loss).backward()
-        # clip the gradient (max_norm inf: only measure it); the norm is the same on every rank
-        scaler.unscale_(optimizer)
-        grad_norm = distributed.total_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf))
-        # a NaN/inf loss or gradient: skip this update rather than poison the weights (fp16: the scaler
-        # skips it itself, and lowers its scale)
-        if math.isfinite(grad_norm) or dtype == 'float16':
-            scaler.step(optimizer)
-        scaler.update()
-        # flush the gradients as soon as we can, no need for this memory anymore
-        optimizer.zero_grad(set_to_none=True)
+        loss_sum, grad_norm = step.train_step(model, optimizer, scaler, micro_batches(), run.micro_steps, ctx,
+                                              grad_clip)
+    grad_norm = float(grad_norm)  # the same on every rank
     if math.isfinite(grad_norm):
         nonfinite_in_a_row = 0
     else:
@@ -375,37 +338,42 @@ while True:
     lossf = all_ranks_mean(float(loss_sum), device) if iter_num % log_interval == 0 else None
     if iter_num % log_interval == 0 and master_process:
         if local_iter_num >= 5:  # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, hardware.peak_flops(device))
+            mfu = raw_model.estimate_mfu(run.micro_batch * run.micro_steps, dt, hardware.peak_flops(device))
             if mfu is not None:
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None  # peak so far
-        percent = 100 * (iter_num + 1) / max(max_iters, 1)  # of the run, once this step is done
-        print(step_line(iter_num, lossf, lr, grad_norm, dt, tokens_per_iter, running_mfu, mem,
-                        (iter_num + 1) * tokens_per_iter, percent))
-        log.write(kind='train', step=iter_num, tokens=(iter_num + 1) * tokens_per_iter, time=elapsed(), percent=percent,
-                  loss=lossf, lr=lr, grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=tokens_per_iter / dt,
+        percent = 100 * (iter_num + 1) / max(run.max_iters, 1)  # of the run, once this step is done
+        tokens = run.tokens_at(iter_num + 1)
+        print(step_line(iter_num, lossf, lr, grad_norm, dt, run.tokens_per_iter, running_mfu, mem, tokens, percent))
+        log.write(kind='train', step=iter_num, tokens=tokens, time=elapsed(), percent=percent, loss=lossf, lr=lr,
+                  grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=run.tokens_per_iter / dt,
                   mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
     if local_iter_num == 0 and master_process:  # a config far too big for this device: say so at once
-        hardware.warn_if_slow(time.time() - step_start, max_iters - iter_num - 1, device_type)
+        hardware.warn_if_slow(time.time() - step_start, run.max_iters - iter_num - 1, device_type)
     iter_num += 1
     local_iter_num += 1
 
     # preemption: the step is done; checkpoint it and leave
     if stop.requested(device):
         saved = save()
-        log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time, stopped=True)
-        if master_process:  # a skipped or failed save must not be taken for one that can be resumed
-            print(f"stopped at iteration {iter_num}; " + (
-                f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else
-                f"its checkpoint was not written, so --init_from=resume would not start here: "
-                f"{saver.last_good()}"))
-        if torchrun:
+        log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(),
+                time.time() - _launch_time, stopped=True, best_val_loss=best_val_loss,
+                checkpoint=saver.good[0] if saved else None,
+                next_command=f"the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else None)
+        if master_process and not saved:  # a skipped or failed save must not be taken for one that can be resumed
+            print(f"stopped at iteration {iter_num}; its checkpoint was not written, so --init_from=resume would "
+                  f"not start here: {saver.last_good()}")
+        if run.torchrun:
             del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
             distributed.finish()
         sys.exit(stop.exit_code)
 
-log.end(iter_num, tokens_per_iter, start_iter, elapsed(), time.time() - _launch_time)  # total time and tokens
-if torchrun:
+log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
+        best_val_loss=best_val_loss, checkpoint=saver.good[0] if saver.good else None,
+        next_command=f"python sample.py --out_dir={out_dir}" if saver.good else None)
+if dashboard_server is not None:
+    live_page.finish(dashboard_server)  # a page that is open reads the run's last rows before the server ends
+if run.torchrun:
     del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
     distributed.finish()
 saver.check_end()  # a run whose last save failed, or that ended diverged, does not end with status 0

@@ -23,6 +23,7 @@ tie_embeddings = False  # separate input and output embeddings (modded-nanogpt; 
 
 # the optimizer: Muon for the blocks' matrices (gpt/muon.py: Jordan et al. 2024, modded-nanogpt's optimizer
 # since its first records; Liu et al. 2025 "Muon is scalable for LLM training" at 16B), AdamW for the rest
+optimizer = 'muon'
 muon_lr = 0.02  # Muon's reference rate (KellerJordan/Muon's default); its updates have unit spectral scale
 muon_momentum = 0.95  # Nesterov, as modded-nanogpt
 muon_weight_decay = 0.0  # modded-nanogpt's short runs use none

@@ -21,6 +21,7 @@ from gpt import rundir
 from gpt.atomic import atomic_write
 from gpt.data import dataset_dir, read_meta
 from gpt.errors import UserError
+from gpt.optim import load_state
 from model import GPT, GPTConfig
 
 DCP_DIR = "ckpt_dcp"  # a sharded checkpoint (parallelism=fsdp): every rank writes its part
@@ -377,6 +378,11 @@ def load_model(init_from, out_dir):
     init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder."""
     if init_from == "resume":
         path = os.path.join(out_dir, "ckpt.pt")
+        sharded = newer_sharded(out_dir)
+        if sharded:  # ckpt.pt would be an older state of the run, or missing
+            raise UserError(f"{sharded} (a sharded fsdp checkpoint) is newer than "
+                            + (f"{path}" if os.path.exists(path) else f"any {path}")
+                            + f": make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
         ckpt = load_checkpoint(path)
         model = model_from_checkpoint(ckpt, path)
         meta = ckpt.get("dataset_meta")
@@ -459,17 +465,34 @@ def prune_checkpoints(folder, name, keep):
             print(f"error: could not remove the old checkpoint {old} ({e.strerror or e})")
 
 
+def newer_sharded(out_dir):
+    """The sharded checkpoint's folder where it is the newest checkpoint of out_dir (ckpt.pt missing or older),
+    else None: where both exist, the newer one is the run's state and the other an older one."""
+    sharded = sharded_checkpoint(out_dir)
+    single = os.path.join(out_dir, 'ckpt.pt')
+    if sharded is None:
+        return None
+    if os.path.exists(single) and os.path.getmtime(single) >= os.path.getmtime(os.path.join(sharded, TRAIN_STATE)):
+        return None
+    return sharded
+
+
 def load_for_resume(out_dir, parallelism):
-    """The checkpoint a resumed run starts from. fsdp runs save sharded checkpoints, every rank its part
-    (their weights are loaded once the model is sharded too: see restore); the rest a single ckpt.pt.
+    """The checkpoint a resumed run starts from: the newest of out_dir's. fsdp runs save sharded checkpoints,
+    every rank its part (their weights are loaded once the model is sharded too: see restore); the rest a
+    single ckpt.pt; fsdp resumes from a ckpt.pt newer than its sharded one, ddp cannot read a sharded one.
     The returned dict says where it came from under 'path' and, if sharded, 'sharded'."""
-    sharded = sharded_checkpoint(out_dir) if parallelism == 'fsdp' else None
-    path = sharded or os.path.join(out_dir, 'ckpt.pt')
-    if not sharded and sharded_checkpoint(out_dir) and not os.path.exists(path):
-        raise UserError(f"{out_dir} holds a sharded (fsdp) checkpoint: resume with --parallelism=fsdp, "
-                        f"or make a ckpt.pt with `python convert_checkpoint.py --out_dir={out_dir}`")
+    path = os.path.join(out_dir, 'ckpt.pt')
+    sharded = newer_sharded(out_dir)
+    if sharded and parallelism != 'fsdp':
+        raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {sharded}: resume with "
+                        f"--parallelism=fsdp, or make a ckpt.pt of it with `python convert_checkpoint.py "
+                        f"--out_dir={out_dir}`")
+    older = sharded_checkpoint(out_dir) if not sharded and parallelism == 'fsdp' else None
+    if older and os.path.exists(path):
+        print(f"note: resuming from {path}, newer than the sharded {older}")
     ckpt = load_train_state(sharded) if sharded else load_checkpoint(path)
-    return {**ckpt, 'path': path, 'sharded': sharded}
+    return {**ckpt, 'path': sharded or path, 'sharded': sharded}
 
 
 def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size):
@@ -488,10 +511,13 @@ def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size)
         print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
     elif 'optimizer' in ckpt:
         try:
-            optimizer.load_state_dict(ckpt['optimizer'])
-        except ValueError as e:  # e.g. a Muon run's state (muon_lr) resumed with AdamW, or the other way round
+            load_state(optimizer, ckpt['optimizer'])  # the moments; the hyperparameters stay this run's
+        except ValueError as e:  # e.g. a Muon run's state resumed with AdamW, or the other way round
             raise UserError(f"{ckpt['path']}: its optimizer state does not fit this run's optimizer ({e}): resume "
-                            f"with the optimizer settings it was trained with (muon_lr)")
+                            f"with the optimizer it was trained with (--optimizer)")
+    else:
+        print(f"note: {ckpt['path']} holds weights without optimizer state (a converted or exported checkpoint): "
+              f"the optimizer's moments start afresh, as when fine-tuning")
     if 'scaler' in ckpt:
         scaler.load_state_dict(ckpt['scaler'])
     if 'train_loader' in ckpt:

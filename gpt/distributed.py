@@ -31,8 +31,29 @@ OPTIONS = dict(
     # inductor compiles one block once and every block reuses it, a fraction of the cold start; embeddings,
     # final norm, head and loss run eagerly. fsdp always compiles by block.
     compile_scope='model',
+    backend='',  # '' picks nccl on GPUs and gloo on CPUs
+    dist_timeout_minutes=10,  # how long a collective waits for a missing rank before the whole run fails
 )
 COMPILE_SCOPES = ('model', 'blocks')
+PARALLELISMS = ('ddp', 'fsdp')
+
+
+def check(parallelism, options, compile, torchrun):
+    """The parallelism and its options, refused in one line where they cannot work (before anything runs).
+    Returns the compile scope in effect: fsdp always compiles by block."""
+    if parallelism not in PARALLELISMS:
+        raise UserError(f"unknown parallelism '{parallelism}': use ddp (a whole copy per GPU) or fsdp (sharded)")
+    if parallelism == "fsdp" and not torchrun:
+        raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+    if options['compile_scope'] not in COMPILE_SCOPES:
+        raise UserError(f"unknown compile_scope '{options['compile_scope']}': use {' or '.join(COMPILE_SCOPES)}")
+    if options['ddp_reduce_dtype'] not in ("float32", "bfloat16"):
+        raise UserError(f"unknown ddp_reduce_dtype '{options['ddp_reduce_dtype']}': use float32 or bfloat16")
+    bucket_mb = options['ddp_bucket_mb']
+    if not bucket_mb > 0 or (compile and torchrun and parallelism == "ddp" and bucket_mb < 1):
+        raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
+                        f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
+    return "blocks" if parallelism == "fsdp" else options['compile_scope']
 
 
 def wrap_args(options):
@@ -105,13 +126,8 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     bf16 weights fit a GPU whole, as GPT-2 124M's do).
     compile_scope: 'model' (torch.compile of the whole model) or 'blocks' (each block compiled in place, one
     compiled code for all of them: see OPTIONS)."""
-    if compile_scope not in COMPILE_SCOPES:
-        raise UserError(f"unknown compile_scope '{compile_scope}': use {' or '.join(COMPILE_SCOPES)}")
-    if reduce_dtype not in ("float32", "bfloat16"):
-        raise UserError(f"unknown ddp_reduce_dtype '{reduce_dtype}': use float32 or bfloat16")
-    if not bucket_mb > 0 or (compile and parallelism == "ddp" and bucket_mb < 1):
-        raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
-                        f"DDPOptimizer keeps DDP's first bucket of 1 MB): got {bucket_mb}")
+    check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb),
+          compile, dist.is_available() and dist.is_initialized())  # the plan has checked them: callers of their own
     if parallelism == "ddp":
         several = dist.is_available() and dist.is_initialized()
         problem = several and static_graph and static_graph_problem(model)  # on the model as built, not compiled
@@ -132,10 +148,6 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
         if reduce_dtype == "bfloat16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
         return ddp
-    if parallelism != "fsdp":
-        raise UserError(f"unknown parallelism '{parallelism}': use ddp or fsdp")
-    if not (dist.is_available() and dist.is_initialized()):
-        raise UserError("parallelism=fsdp needs several processes: launch with torchrun --nproc_per_node=N")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     # the mesh of this run's device type: FSDP's default mesh is CUDA's whenever a GPU is present, so a CPU run
@@ -257,9 +269,9 @@ def unwrap(model):
     return model.module if isinstance(model, DDP) else model
 
 
-def total_norm(norm):
-    """clip_grad_norm_ returns a DTensor for sharded parameters: the full value, as a float."""
-    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+def full_tensor(norm):
+    """clip_grad_norm_ returns a DTensor for sharded parameters: the full value, as a plain tensor."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def checkpoint_activations(model):

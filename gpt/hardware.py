@@ -33,6 +33,10 @@ def _mps_available():
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
+def cuda_device_count():
+    return torch.cuda.device_count()
+
+
 def resolve_device(device):
     """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
     if device == "auto":
@@ -99,10 +103,10 @@ def compile_problem(device_type):
     return None
 
 
-def can_compile(compile, device_type):
-    """Whether to torch.compile: asked for, and able to work here (else say why not)."""
+def can_compile(compile, device_type, verbose=True):
+    """Whether to torch.compile: asked for, and able to work here (else, verbose, say why not)."""
     problem = compile and compile_problem(device_type)
-    if problem:
+    if problem and verbose:
         print(f"compile: off ({problem})")
     return bool(compile and not problem)
 

@@ -40,9 +40,10 @@ from gpt.optim import AdamW, WithoutDynamo
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-# train.py's settings for Muon, with their defaults (the configurator sets them like train.py's own)
+# train.py's settings for Muon (optimizer='muon'), with their defaults (the configurator sets them like train.py's
+# own)
 OPTIONS = dict(
-    muon_lr=0.0,  # > 0: Muon for the blocks' matrices at this rate (scheduled like learning_rate), AdamW the rest
+    muon_lr=0.02,  # optimizer='muon': the blocks' matrices' rate (scheduled like learning_rate; KellerJordan/Muon's)
     muon_momentum=0.95,  # Nesterov momentum, as modded-nanogpt
     muon_weight_decay=0.0,  # decoupled weight decay of the Muon matrices
     muon_shard=True,  # under DDP each rank orthogonalizes its share of the matrices, then all-gathers
@@ -175,13 +176,10 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
-              momentum, device_type, parallelism='ddp', shard=True):
-    """The optimizer train.py uses with muon_lr > 0. muon_params: [(weight, splits or None)], the blocks'
-    matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not)."""
-    if parallelism == 'fsdp':
-        raise UserError("muon_lr does not work with parallelism=fsdp (Muon needs whole matrices, FSDP shards "
-                        "them): use parallelism=ddp or muon_lr=0")
-    if not 0 <= momentum < 1 or muon_lr < 0:
+              momentum, device_type, shard=True):
+    """The optimizer of optimizer='muon' (gpt/optim.py's build). muon_params: [(weight, splits or None)], the
+    blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not)."""
+    if not 0 <= momentum < 1 or muon_lr <= 0:
         raise UserError(f"muon_momentum must be in [0, 1) and muon_lr positive (got {momentum}, {muon_lr})")
     muon_ids = {id(p) for p, _ in muon_params}
     adamw_params = [p for p in adamw_params if id(p) not in muon_ids]

@@ -22,7 +22,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
-from gpt import rundir, schedule
+from gpt import distributed, hardware, optim, rundir, schedule, settings, stepgraph
+from gpt.data import dataset_label, find_dataset
 from gpt.errors import UserError
 from model import ARCHITECTURE, INITIALISATION, RUNTIME, GPTConfig
 
@@ -83,18 +84,57 @@ class RunPlan:
     source: str  # the checkpoint's path or the pretrained model's name or folder ('' from scratch)
     model: MappingProxyType  # every GPTConfig field of the model that trains: GPTConfig(**plan.model)
     block_size: int
+    # the processes: torchrun's, or one alone (rank 0 of 1)
+    torchrun: bool
+    rank: int
+    local_rank: int
     world_size: int
+    device: str  # this process's: cuda:<local rank> under torchrun
+    dtype: str
+    # the data
+    data_dir: str
+    data_label: str  # how messages name it
+    prepare_hint: str  # the command that prepares it
+    meta: MappingProxyType  # its metadata (vocab_size, tokenizer, dtype); None: GPT-2 BPE in uint16, nanoGPT's
+    # the batch and the schedule
     micro_steps: int  # forward/backward passes per optimizer step on each process
     micro_batch: int  # sequences in each of them (batch_size, or fewer where the global batch needs it)
     tokens_per_iter: int  # per optimizer step, all processes together
+    start_iter: int  # the step the run starts at (a resumed checkpoint's)
+    start_tokens: int  # the tokens trained on before it, over every earlier launch
     max_iters: int
     warmup_iters: int
     lr_decay_iters: int
+    lr_schedule: str  # in effect: 'none' with decay_lr=False
+    # how it runs, as it will, not as asked: compile, a CUDA graph, DDP or FSDP2, the optimizer
+    compile: bool
+    compile_scope: str  # 'model' or 'blocks' (fsdp: always blocks)
+    cuda_graph: bool
+    parallelism: str  # 'ddp' or 'fsdp' under torchrun; 'none' for one process
+    optimizer: MappingProxyType  # name and hyperparameters (gpt/optim.py builds it)
     out_dir: str
+    writes: bool  # False with eval_only: nothing is written to out_dir
     earlier_run: tuple  # a new run's out_dir holds these files of an earlier run: they are moved aside
-    device: str
-    dtype: str
+    notes: tuple  # lines said before the run starts: settings that do nothing here, and why
     settings: MappingProxyType  # every setting as the run uses it (the model's, the derived counts)
+
+    @property
+    def device_type(self):
+        return self.device.split(':')[0]
+
+    @property
+    def master(self):
+        """The process that logs, checkpoints and prints (rank 0)."""
+        return self.rank == 0
+
+    @property
+    def sharded(self):
+        """Checkpoints in shards, every rank its own (fsdp under torchrun)."""
+        return self.parallelism == 'fsdp'
+
+    def tokens_at(self, iter_num):
+        """Tokens trained on once iter_num steps are done: the earlier launches' count, then this one's rate."""
+        return self.start_tokens + (iter_num - self.start_iter) * self.tokens_per_iter
 
     def record(self):
         """The plan as plain data, for checkpoints and log.jsonl."""
@@ -102,29 +142,165 @@ class RunPlan:
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
 
-def make(config, src, meta, world_size, device, dtype, verbose=False):
-    """The frozen plan of a run (see the module's docstring). config: the configurator's Config (settings, with
-    .given); src: source()'s answer; meta: the dataset's metadata (None: GPT-2 BPE, nanoGPT's default).
-    verbose: print how settings in tokens became counts (total_batch_size, max_tokens, ...)."""
+def make(config):
+    """The frozen plan of a run and where its weights come from (source()'s answer, which holds a checkpoint's
+    tensors for build_model and checkpoint.restore), decided from config (the configurator's Config:
+    settings, with .given), the machine torchrun or this process has, the dataset and the weights. Every
+    check that can fail runs here; nothing is written, joined or downloaded."""
+    settings.check_train(config)
+    if config['wandb_log']:
+        from gpt.trainlog import check_wandb
+        check_wandb()  # installed, and a key or offline mode
+    device = hardware.resolve_device(config['device'])
+    cuda = device.split(':')[0] == 'cuda'
+    ranks = distributed.launch(os.environ, hardware.cuda_device_count() if cuda else 0)
+    rank, local_rank, world_size = ranks or (0, 0, 1)
+    if ranks and cuda:
+        device = f"cuda:{local_rank}"  # each process on the GPU of its local rank
+    dtype = hardware.resolve_dtype(config['dtype'], device.split(':')[0])
     given = getattr(config, 'given', frozenset())
+    data_dir, meta, hint = find_dataset(config['dataset'], config['data_dir'], rank == 0, named='dataset' in given)
+    src = source(config['init_from'], config['out_dir'], config['parallelism'])
+    run = decide(config, src, meta, world_size, device, dtype, torchrun=ranks is not None, rank=rank,
+                 local_rank=local_rank, data=(data_dir, dataset_label(config['dataset'], config['data_dir']), hint),
+                 verbose=rank == 0)
+    return run, src
+
+
+def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0, local_rank=0, data=('', '', ''),
+           verbose=False):
+    """make()'s decisions, from what it found: src (source()'s answer), meta (the dataset's metadata; None:
+    GPT-2 BPE, nanoGPT's default), the processes, this one's device and the dtype. verbose: print how settings
+    in tokens became counts (total_batch_size, max_tokens, ...) and what is off here (compile, cuda_graph)."""
+    from gpt.tokenizer import check_data_for_model
+    given = getattr(config, 'given', frozenset())
+    device_type = device.split(':')[0]
     model = model_config(config, given, src, meta)
+    check_resume(config, given, src)
+    data_dir, data_label, prepare_hint = data
+    vocab = meta['vocab_size'] if meta else None
+    if vocab and vocab > model['vocab_size']:
+        raise UserError(f"{data_label} has vocab_size {vocab} but the model only {model['vocab_size']}: the data "
+                        f"and the model use different tokenizers")
+    check_data_for_model(meta, config['init_from'], src.checkpoint, data_label)  # the data's tokenizer is the model's
     block_size = model['block_size']
     micro_steps, micro_batch = schedule.split_batch(config['total_batch_size'], config['gradient_accumulation_steps'],
                                                     config['batch_size'], block_size, world_size, verbose)
     tokens_per_iter = micro_steps * world_size * micro_batch * block_size
-    max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose)
+    start_iter, start_tokens = started(src, tokens_per_iter)
+    max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose,
+                                                                  start=(start_iter, start_tokens))
+    lr_schedule = config['lr_schedule'] if config['decay_lr'] else 'none'
+    notes = settings.inert(config) + schedule.check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule)
+    parallelism = config['parallelism'] if torchrun else 'none'
+    compiled = hardware.can_compile(config['compile'], device_type, verbose)
+    compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
+    graphed = stepgraph.can_graph(config['cuda_graph'], device_type, torchrun, dtype,
+                                  config['activation_checkpointing'], verbose)
+    optimizer = optimizer_settings(config, given, parallelism)
+    if parallelism == 'fsdp' and (config['ckpt_every_tokens'] or config['hellaswag_interval']):
+        raise UserError("ckpt_every_tokens and hellaswag_interval do not work with parallelism=fsdp yet: use "
+                        "checkpoint_interval, and evaluate checkpoints with hellaswag.py")
+    if config['sample_interval']:
+        check_prompt(config['sample_prompt'], meta, model['vocab_size'])
     fresh = src.kind != 'resume'
+    writes = not config['eval_only']
+    if rank == 0 and writes:
+        rundir.check(config['out_dir'], fresh=fresh)  # writable, and no live run in it
     earlier = tuple(rundir.earlier_run(config['out_dir']) if fresh and os.path.isdir(config['out_dir']) else ())
-    settings = dict(config)
-    settings.update({k: v for k, v in model.items() if k in settings})  # the model that runs, not the flags
-    settings.update(block_size=block_size, batch_size=micro_batch, gradient_accumulation_steps=micro_steps * world_size,
-                    max_iters=max_iters, warmup_iters=warmup_iters, lr_decay_iters=lr_decay_iters,
-                    device=device, dtype=dtype)
+    settings_ = dict(config)
+    settings_.update({k: v for k, v in model.items() if k in settings_})  # the model that runs, not the flags
+    settings_.update(block_size=block_size, batch_size=micro_batch,
+                     gradient_accumulation_steps=micro_steps * world_size, max_iters=max_iters,
+                     warmup_iters=warmup_iters, lr_decay_iters=lr_decay_iters, device=device, dtype=dtype,
+                     compile=compiled, compile_scope=compile_scope, cuda_graph=graphed)
     return RunPlan(init=src.kind, init_from=config['init_from'], source=src.name, model=MappingProxyType(model),
-                   block_size=block_size, world_size=world_size, micro_steps=micro_steps, micro_batch=micro_batch,
-                   tokens_per_iter=tokens_per_iter, max_iters=max_iters, warmup_iters=warmup_iters,
-                   lr_decay_iters=lr_decay_iters, out_dir=config['out_dir'], earlier_run=earlier, device=device,
-                   dtype=dtype, settings=MappingProxyType(settings))
+                   block_size=block_size, torchrun=torchrun, rank=rank, local_rank=local_rank, world_size=world_size,
+                   device=device, dtype=dtype, data_dir=data_dir, data_label=data_label, prepare_hint=prepare_hint,
+                   meta=MappingProxyType(dict(meta)) if meta else None, micro_steps=micro_steps,
+                   micro_batch=micro_batch, tokens_per_iter=tokens_per_iter, start_iter=start_iter,
+                   start_tokens=start_tokens, max_iters=max_iters, warmup_iters=warmup_iters,
+                   lr_decay_iters=lr_decay_iters, lr_schedule=lr_schedule, compile=compiled,
+                   compile_scope=compile_scope, cuda_graph=graphed, parallelism=parallelism,
+                   optimizer=MappingProxyType(optimizer), out_dir=config['out_dir'], writes=writes,
+                   earlier_run=earlier, notes=tuple(notes), settings=MappingProxyType(settings_))
+
+
+def started(src, tokens_per_iter):
+    """(step, tokens trained on) where the run starts: 0 for a new one; a checkpoint's count, or for one that
+    does not record it (older ones, nanoGPT's), its steps at the rate its run recorded (else this run's)."""
+    if src.kind != 'resume':
+        return 0, 0
+    ckpt = src.checkpoint or {}
+    iter_num = int(ckpt.get('iter_num') or 0)
+    if ckpt.get('tokens') is not None:
+        return iter_num, int(ckpt['tokens'])
+    rate = (ckpt.get('plan') or {}).get('tokens_per_iter') or tokens_per_iter
+    return iter_num, iter_num * rate
+
+
+def optimizer_settings(config, given, parallelism):
+    """The optimizer in effect and its hyperparameters, as the plan records them."""
+    name = config['optimizer']
+    if name == 'adamw' and 'muon_lr' in given and 'optimizer' not in given:
+        raise UserError(f"muon_lr={config['muon_lr']} is set but the optimizer is AdamW: Muon is chosen with "
+                        f"--optimizer=muon (muon_lr is its rate)")
+    optim.check(name, parallelism)
+    chosen = dict(name=name, learning_rate=config['learning_rate'], min_lr=config['min_lr'],
+                  betas=[config['beta1'], config['beta2']], weight_decay=config['weight_decay'],
+                  grad_clip=config['grad_clip'])
+    if name == 'muon':
+        chosen.update({k: config[k] for k in ('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard')})
+    return chosen
+
+
+def check_prompt(prompt, meta, vocab_size):
+    """sample_prompt must encode in the dataset's tokenizer, into ids the model has: now, not at the first
+    sample, after hours of training."""
+    from gpt.tokenizer import get_tokenizer
+    try:
+        ids = get_tokenizer(dict(meta) if meta else None).encode(prompt)
+    except (KeyError, ValueError) as e:
+        raise UserError(f"sample_prompt={prompt!r} cannot be encoded by the dataset's tokenizer ({e}): use text "
+                        f"the dataset holds, or --sample_interval=0") from None
+    if not ids or max(ids) >= vocab_size:
+        raise UserError(f"sample_prompt={prompt!r} encodes to " + ("no tokens" if not ids else
+                        f"id {max(ids)}, beyond the model's {vocab_size}") + ": give a prompt of the dataset's text")
+
+
+# What a resumed run may change, and what it may not: every train.py setting is in one of these groups
+# (tests/test_plan.py checks that, and resumes with each one changed). The model's fields follow their
+# kind, said on GPTConfig's fields: architecture and initialisation are the checkpoint's (refused above, in
+# model_config), runtime ones (dropout, the loss's chunking) are the run's.
+RESUME_REFUSED = {
+    'optimizer': "its state (moments, Muon's momentum) is that optimizer's",
+    'seed': "the run's random streams (data windows, dropout) go on from the checkpoint",
+}
+# the next step trains with the new value: a learning rate, a schedule, the batch, the data
+RESUME_TRAINING = ('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'muon_lr',
+                   'muon_momentum', 'muon_weight_decay', 'decay_lr', 'lr_schedule', 'warmup_iters', 'warmup_tokens',
+                   'lr_decay_iters', 'lr_decay_tokens', 'lr_decay_frac', 'max_iters', 'max_tokens', 'batch_size',
+                   'gradient_accumulation_steps', 'total_batch_size', 'dataset', 'data_dir', 'dtype', 'dropout')
+# how the run is carried out, evaluated, logged and saved: the same training, whatever their values
+RESUME_RUN = ('out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
+              'checkpoint_interval', 'keep_checkpoints', 'ckpt_every_tokens', 'hellaswag_interval', 'sample_interval',
+              'num_samples_train', 'sample_prompt', 'sample_max_tokens', 'sample_top_p', 'init_from', 'wandb_log',
+              'wandb_project', 'wandb_run_name', 'dashboard', 'dashboard_port', 'max_nonfinite_steps', 'parallelism',
+              'activation_checkpointing', 'device', 'init_device', 'compile', 'cuda_graph', 'fused_loss', 'muon_shard',
+              *distributed.OPTIONS)
+
+
+def check_resume(config, given, src):
+    """A resumed run that changes what it cannot (RESUME_REFUSED) is refused in one line."""
+    if src.kind != 'resume' or not src.run_config:
+        return
+    theirs = dict(src.run_config)
+    theirs.setdefault('optimizer', 'muon' if theirs.get('muon_lr') else 'adamw')  # before the setting existed
+    for key, why in RESUME_REFUSED.items():
+        if key in theirs and config[key] != theirs[key]:
+            raise UserError(f"{src.name} was trained with {key}={theirs[key]!r} and a resumed run keeps it ({why}), "
+                            f"but this one has {key}={config[key]!r}: resume with --{key}={theirs[key]!r} (or the "
+                            f"config that set it), or start a new run (--init_from=scratch) in another out_dir")
 
 
 def model_config(config, given, src, meta):

@@ -110,12 +110,13 @@ def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block
     return split
 
 
-def iterations(config, tokens_per_iter, given, verbose=True):
-    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes
-    ceil(tokens / tokens_per_iter) iterations (so a run stops at the first step that reaches max_tokens).
-    Its *_iters twin must then be left out (not in `given`, the keys the user set) or 0; both given is an
-    error. With max_tokens and no decay length given, the decay ends with the budget, as lr_decay_iters ~=
-    max_iters. Checks lr_schedule and lr_decay_frac too."""
+def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
+    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes the
+    first step at which the run has trained on that many tokens (so a run stops at the first step that
+    reaches max_tokens), counted from start: (step, tokens trained on) where a resumed run begins, whose
+    earlier launches may have had another batch. Its *_iters twin must then be left out (not in `given`, the
+    keys the user set) or 0; both given is an error. With max_tokens and no decay length given, the decay ends
+    with the budget, as lr_decay_iters ~= max_iters. Checks lr_schedule and lr_decay_frac too."""
     check_lr_schedule(config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2))
     out = {}
     for iters_key, tokens_key in PAIRS:
@@ -126,7 +127,7 @@ def iterations(config, tokens_per_iter, given, verbose=True):
             if iters_key in given and n != 0:
                 raise UserError(f"{iters_key}={n} and {tokens_key}={tokens} are both set: give one "
                                 f"(--{iters_key}=0 to use {tokens_key})")
-            n = math.ceil(tokens / tokens_per_iter)
+            n = step_at(tokens, tokens_per_iter, *start)
             if verbose:
                 print(f"{tokens_key}={tokens:,} -> {iters_key}={n:,} ({tokens_per_iter:,} tokens per iteration)")
         out[iters_key] = n
@@ -138,10 +139,32 @@ def iterations(config, tokens_per_iter, given, verbose=True):
     return out['max_iters'], out['warmup_iters'], out['lr_decay_iters']
 
 
-def crossed(iter_num, tokens_per_iter, every):
-    """Whether the tokens seen after iter_num steps passed a multiple of `every` during the last step."""
-    seen, before = iter_num * tokens_per_iter, (iter_num - 1) * tokens_per_iter
-    return every > 0 and iter_num > 0 and seen // every > before // every
+def step_at(tokens, tokens_per_iter, start_iter=0, start_tokens=0):
+    """The first step after which `tokens` tokens are trained on: this launch's rate from where it starts,
+    or, for a count the earlier launches passed, their mean rate."""
+    if tokens <= start_tokens:
+        return math.ceil(tokens * start_iter / start_tokens)
+    return start_iter + math.ceil((tokens - start_tokens) / tokens_per_iter)
+
+
+def check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule):
+    """Schedule lengths that cannot be what was meant: a refusal where the schedule would be nonsense, notes
+    (returned as lines) where it is odd but well defined."""
+    if lr_schedule == 'cosine' and lr_decay_iters < warmup_iters:
+        raise UserError(f"lr_decay_iters={lr_decay_iters:,} is below warmup_iters={warmup_iters:,}: the cosine "
+                        f"decay would end before the warm-up does; set lr_decay_iters above warmup_iters "
+                        f"(~max_iters)")
+    notes = []
+    if lr_schedule != 'none' and warmup_iters > max_iters:
+        notes.append(f"warmup_iters={warmup_iters:,} is beyond max_iters={max_iters:,}: the run ends still warming "
+                     f"up, at {(max_iters + 1) / (warmup_iters + 1):.0%} of learning_rate")
+    return notes
+
+
+def crossed(tokens, tokens_per_iter, every):
+    """Whether the tokens seen (`tokens`, after a step of tokens_per_iter) passed a multiple of `every` during
+    that step."""
+    return every > 0 and tokens > 0 and tokens // every > (tokens - tokens_per_iter) // every
 
 
 class Due(NamedTuple):
@@ -155,15 +178,16 @@ class Due(NamedTuple):
 
 
 def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval, sample_interval,
-        tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0):
+        tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0, tokens=None):
     """What is due at step iter_num, before it trains: each interval's multiples and the last step (all of
     them with eval_only). A run resumed at this step skips it all: the run it resumes did it just before
-    saving."""
+    saving. tokens: the tokens trained on by step iter_num (default: iter_num steps of tokens_per_iter)."""
+    tokens = iter_num * tokens_per_iter if tokens is None else tokens
     last = iter_num >= max_iters
     fresh = not resumed_here or eval_only
     every = lambda interval: bool(interval and fresh and (iter_num % interval == 0 or last or eval_only))
-    tokens = fresh and not eval_only and crossed(iter_num, tokens_per_iter, ckpt_every_tokens)
-    return Due(loss=every(eval_interval) or tokens, hellaswag=every(hellaswag_interval),
+    crossing = fresh and not eval_only and crossed(tokens, tokens_per_iter, ckpt_every_tokens)
+    return Due(loss=every(eval_interval) or crossing, hellaswag=every(hellaswag_interval),
                samples=every(sample_interval) and (iter_num > 0 or eval_only),  # step 0's weights are untrained
                checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
-               tokens=iter_num * tokens_per_iter if tokens else 0, last=last)
+               tokens=tokens if crossing else 0, last=last)

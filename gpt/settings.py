@@ -73,7 +73,7 @@ def check_train(c):
             ('sample_interval', lambda v: v >= 0, "0 (off) or more"),
             ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
-            ('muon_lr', lambda v: v >= 0, "0 (AdamW alone) or more"), ('muon_momentum', *FRACTION),
+            ('muon_lr', lambda v: v > 0, "positive (to train with AdamW alone: --optimizer=adamw)"), ('muon_momentum', *FRACTION),
             ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
             ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)"),
             ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "
@@ -101,7 +101,8 @@ def inert(c):
          f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size"),
         (('min_lr',), sched in ('constant', 'none'), "a constant learning_rate never decays to it"),
         (('lr_schedule',), sched == 'none', "decay_lr=False keeps learning_rate constant, whatever the schedule"),
-        (('muon_momentum', 'muon_weight_decay', 'muon_shard'), c['muon_lr'] == 0, "muon_lr=0 trains with AdamW alone"),
+        (('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard'), c['optimizer'] != 'muon',
+         f"optimizer={c['optimizer']!r} trains without Muon"),
         (('sample_prompt', 'sample_max_tokens', 'sample_top_p', 'num_samples_train'), c['sample_interval'] == 0,
          no_sampling),
         (('dashboard_port',), not c['dashboard'], "dashboard=False serves no dashboard"),

@@ -8,24 +8,26 @@ Why: a step is hundreds of kernels (thousands for GPT-2), each launched from Pyt
 even GPT-2 124M compiled at B=12 spends about as long launching a step as the GPU spends running it. A
 graph launches the whole step at once. It runs the very same kernels, so it computes the same thing.
 
-What a graph needs: fixed shapes and addresses, and no value read back on the CPU inside it. So each
-step's batches are copied into fixed input buffers; the learning rate is a tensor on the GPU that fused
-AdamW reads (capturable); a NaN/inf gradient norm skips the update on the GPU, through the optimizer's
-found_inf flag, instead of an `if` on the CPU; and the gradients live in the graph's memory, overwritten
-(not accumulated) by each replay's first backward, so there is no zero_grad between steps.
+What a graph needs: fixed shapes and addresses, and no value read back on the CPU inside it. The step,
+gpt/step.py's train_step (the eager loop's too), reads nothing back: a NaN/inf gradient norm skips the
+update on the GPU. So each step's batches are copied into fixed input buffers, and the learning rate is a
+tensor on the GPU that fused AdamW reads (capturable).
 """
 import torch
 
+from gpt.step import train_step
+
 
 class StepGraph:
-    """One training step of `accum` micro-batches (B, T) on fixed buffers. Made after the optimizer has
-    its state (or none yet) and before the first step; then run() every iteration. graphed=False runs the
+    """gpt/step.py's train_step over `accum` micro-batches (B, T) in fixed buffers. Made after the optimizer
+    has its state (or none yet) and before the first step; then run() every iteration. graphed=False runs the
     same code eagerly on the same buffers, the way the CPU tests check it."""
 
-    def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True):
+    def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True,
+                 scaler=None):
         self.model, self.optimizer, self.ctx, self.graphed = model, optimizer, ctx, graphed
-        self.params = [p for group in optimizer.param_groups for p in group['params']]
-        self.max_norm = grad_clip or float('inf')  # inf: only measure the norm
+        self.grad_clip, self.accum = grad_clip, accum
+        self.scaler = scaler or torch.amp.GradScaler(torch.device(device).type, enabled=False)
         self.x = torch.zeros((accum, batch_size, block_size), dtype=torch.long, device=device)
         self.y = torch.zeros_like(self.x)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
@@ -35,59 +37,43 @@ class StepGraph:
         self.graph = self.out = None
 
     def body(self, update=True):
-        """Forward and backward of each micro-batch in the buffers, clip, update. Returns the mean loss
-        and the gradient norm before clipping, as tensors. update=False skips the update (the warm-up)."""
-        accum = self.x.size(0)
-        loss_sum = torch.zeros((), dtype=torch.float32, device=self.x.device)
-        for i in range(accum):
-            with self.ctx:
-                _, loss = self.model(self.x[i], self.y[i])
-                loss = loss / accum
-            loss_sum += loss.detach()
-            loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
-        # fused AdamW leaves the weights, its moments and its step count alone where found_inf is 1
-        self.optimizer.found_inf = (~torch.isfinite(norm) | (not update)).float()
-        self.optimizer.step()
-        del self.optimizer.found_inf
-        return loss_sum, norm
+        """The step on the buffers. Returns the mean loss and the gradient norm before clipping, as tensors.
+        update=False skips the update (the warm-up)."""
+        self.optimizer.held = not update
+        try:
+            return train_step(self.model, self.optimizer, self.scaler, zip(self.x, self.y), self.accum, self.ctx,
+                              self.grad_clip)
+        finally:
+            del self.optimizer.held
 
-    def run(self, X, Y, next_batch, lr):
-        """One step on the batch X, Y and (with gradient accumulation) the next ones from next_batch().
-        Returns the batch for the step after, the mean loss and the gradient norm; a non-finite norm means
-        the update was skipped."""
-        for i in range(self.x.size(0)):
-            if i:
-                X, Y = next_batch()
+    def run(self, batches):
+        """One step on the accum micro-batches (X, Y) that `batches` yields, at the learning rate gpt/step.py's
+        set_lr gave the optimizer. Returns the mean loss and the gradient norm; a non-finite norm means the
+        update was skipped."""
+        for i, (X, Y) in enumerate(batches):
             self.x[i].copy_(X)
             self.y[i].copy_(Y)
-        self.lr.fill_(lr)
         if not self.graphed:
-            self.optimizer.zero_grad(set_to_none=True)
-            out = self.body()
-        else:
-            if self.graph is None:
-                self.capture()
-            self.graph.replay()
-            out = self.out
-        return *next_batch(), *out  # the next step's first batch, read while the GPU runs this one
+            return self.body()
+        if self.graph is None:
+            self.capture()
+        self.graph.replay()
+        return self.out
 
     def capture(self):
         """Warm up, then record body() as torch.cuda.graphs' documentation does. The warm-up runs compile,
         cuBLAS set-up and the optimizer's first-step state, but skips its updates and gives back the random
-        numbers it drew (dropout), so the run is the one it would be without the graph."""
+        numbers it drew (dropout), so the run is the one it would be without the graph. The step ends with
+        zero_grad(set_to_none): in the graph, each replay's first backward writes the gradients afresh."""
         device = self.x.device
         rng = torch.cuda.get_rng_state(device)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(3):
-                self.optimizer.zero_grad(set_to_none=True)
                 self.body(update=False)
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.set_rng_state(rng, device)
-        # gradients set to None: the captured backward allocates them in the graph's memory and writes them
-        self.optimizer.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = self.body()
@@ -108,9 +94,9 @@ def problem(device_type, distributed, dtype, activation_checkpointing):
     return None
 
 
-def can_graph(cuda_graph, device_type, distributed, dtype, activation_checkpointing):
-    """Whether to replay the step from a graph: asked for, and able to work here (else say why not)."""
+def can_graph(cuda_graph, device_type, distributed, dtype, activation_checkpointing, verbose=True):
+    """Whether to replay the step from a graph: asked for, and able to work here (else, verbose, say why not)."""
     why = cuda_graph and problem(device_type, distributed, dtype, activation_checkpointing)
-    if why:
+    if why and verbose:
         print(f"cuda_graph: off ({why})")
     return bool(cuda_graph and not why)

@@ -89,6 +89,22 @@ def tiny(**overrides):
                      learning_rate=3e-3, dropout=0.0, compile=False, device="cpu", dtype="float32"), **overrides)
 
 
+def train_settings():
+    """train.py's settings with their defaults, as the configurator sees them: the globals of its settings
+    block and the entries of its option dicts (GPTConfig's fields, Muon's and DDP's options)."""
+    from gpt import distributed, muon
+    from model import GPTConfig
+    with open(os.path.join(ROOT, "train.py")) as f:
+        source = f.read()
+    block = source.split("# " + "-" * 77 + "\n")[1]  # between the first two rules: the settings
+    scope = dict(GPTConfig=GPTConfig, muon=muon, distributed=distributed)
+    exec(block, scope)
+    settings = {k: v for k, v in scope.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+    for name in ("model_options", "muon_options", "parallel_options"):
+        settings.update(scope[name])
+    return settings
+
+
 def log_rows(out_dir, kind="train"):
     """The rows of one kind (train, eval, sample, ...) of a run's log.jsonl."""
     from gpt.trainlog import read_log

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 
+from gpt import optim
 from gpt.checkpoint import model_from_checkpoint
 from gpt.errors import UserError
 from gpt.hf import to_hf
@@ -238,7 +239,8 @@ def test_skip_connections_add_each_first_half_output_to_its_mirror_block():
 def test_muon_takes_only_the_blocks_matrices():
     """The switches' tables and scalars are AdamW's, as modded-nanogpt's (embeddings and scalars under Adam)."""
     model = deep(pos_emb='rope', value_embeds=2, skip_connections=True)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02)
+    opt = optim.build(model, dict(name='muon', learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.02,
+                                  muon_momentum=0.95, muon_weight_decay=0.0, muon_shard=True), 'cpu')
     groups = {id(p): g for g in opt.param_groups for p in g['params']}
     for name, p in model.named_parameters():
         if name.startswith('transformer.h.') and p.dim() == 2:
@@ -251,7 +253,7 @@ def test_muon_takes_only_the_blocks_matrices():
 def test_train_py_resumes_a_run_with_the_switches(data_dir, tmp_path):  # noqa: F811
     """train.py end to end: 8 steps at once, or 4 then a resume to 8, with Muon; the checkpoint records the
     switches, and a resume that asks for another value of one is refused, naming it."""
-    args = ["--muon_lr=0.02", "--pos_emb=rope", "--value_embeds=1", "--skip_connections=True"]
+    args = ["--optimizer=muon", "--pos_emb=rope", "--value_embeds=1", "--skip_connections=True"]
     whole, halves = tmp_path / "whole", tmp_path / "halves"
     train(data_dir, whole, *flags(max_iters=8, dropout=0.0), *args)
     train(data_dir, halves, *flags(max_iters=4, dropout=0.0), *args)
@@ -259,10 +261,10 @@ def test_train_py_resumes_a_run_with_the_switches(data_dir, tmp_path):  # noqa: 
     assert {k: ckpt["model_args"][k] for k in ("pos_emb", "value_embeds", "skip_connections")} == dict(
         pos_emb='rope', value_embeds=1, skip_connections=True)
     assert "skip_weights" in ckpt["model"] and "transformer.value_embeds.0.weight" in ckpt["model"]
-    wrong = train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--muon_lr=0.02",
+    wrong = train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--optimizer=muon",
                   "--skip_connections=False", check=False)
     assert wrong.returncode == 2 and "skip_connections=False (model: True)" in wrong.stderr
-    train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--muon_lr=0.02")
+    train(data_dir, halves, *flags(max_iters=8, dropout=0.0, init_from="resume"), "--optimizer=muon")
     a, b = log_rows(whole), log_rows(halves)
     assert len(a) >= 8 and [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
     assert wrong.stderr.strip().splitlines() == [next(line for line in wrong.stderr.splitlines()

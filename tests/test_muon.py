@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import ROOT, run
 from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
-from test_stepgraph import B, Scaled, T, V, batches, fake_capture, plain_step
+from test_stepgraph import B, Scaled, T, V, batches, fake_capture, graph_step, plain_step
 
-from gpt import muon, stepgraph
+from gpt import muon, optim, stepgraph
 from gpt.checkpoint import portable
 from gpt.errors import UserError
 from model import GPT, GPTConfig
@@ -151,12 +151,11 @@ def test_graph_step_with_muon_trains_as_the_plain_loop(monkeypatch, graphed):
     data = batches(6)
     ref_data, graph_data = iter(data), iter(data)
     graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=graphed)
-    X, Y = next(graph_data)
     for i, lr in enumerate([2**-10, 2**-9, 2**-9, 2**-10]):
         model.scale.fill_(float('nan') if i == 2 else 1.0)
         ref.scale.fill_(float('nan') if i == 2 else 1.0)
         plain_step(ref, ref_opt, ref_data, 1, lr)
-        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), lr)
+        loss, norm = graph_step(graph, graph_data, 1, lr)
         assert torch.isfinite(norm) == (i != 2)
     # equal up to rounding: the graph's Muon rate is lr (a float32 tensor) x lr_scale, the loop's a double;
     # AdamW blows that up on the key biases, whose gradient is ~0 (softmax ignores them): a fraction of lr
@@ -170,10 +169,12 @@ def test_graph_step_with_muon_trains_as_the_plain_loop(monkeypatch, graphed):
 def test_refusals():
     model = tiny()
     with pytest.raises(UserError, match="fsdp"):
-        muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0, (0.9, 0.95),
-                       0.95, 'cpu', parallelism='fsdp')
+        optim.check('muon', 'fsdp')
+    with pytest.raises(UserError, match="unknown optimizer 'sgd'"):
+        optim.check('sgd', 'ddp')
     with pytest.raises(UserError, match="muon_momentum"):
-        model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_momentum=1.5)
+        muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0, (0.9, 0.95),
+                       1.5, 'cpu')
 
 
 def test_default_optimizer_is_still_adamw():
@@ -188,10 +189,9 @@ def test_real_cuda_graph_with_muon_matches_eager():
         opt = muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0,
                              (0.9, 0.95), 0.95, 'cuda')
         data = iter(batches(7, 'cuda'))
-        step = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cuda', graphed=graphed)
-        X, Y = next(data)
+        graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cuda', graphed=graphed)
         for _ in range(5):
-            X, Y, loss, _ = step.run(X, Y, lambda: next(data), 2**-10)
+            loss, _ = graph_step(graph, data, 1, 2**-10)
         return model, float(loss)
     eager, graphed = run(False), run(True)
     assert eager[1] == pytest.approx(graphed[1], rel=1e-5)
@@ -201,14 +201,14 @@ def test_real_cuda_graph_with_muon_matches_eager():
 
 def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
     """train.py end to end with Muon and every switch: 12 steps at once, or 6 then a resume to 12."""
-    args = ["--muon_lr=0.02", "--qk_norm=True", "--mlp_act=relu2", "--logit_softcap=30.0",
+    args = ["--optimizer=muon", "--qk_norm=True", "--mlp_act=relu2", "--logit_softcap=30.0",
             "--zero_init_proj=True", "--tie_embeddings=False", "--fused_loss=True"]
     whole, halves = tmp_path / "whole", tmp_path / "halves"
     train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args)
     train(data_dir, halves, *flags(max_iters=6, dropout=0.0), *args)
     wrong = train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), check=False)
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
-        next(line for line in wrong.stderr.splitlines() if line.startswith("error:") and "muon_lr" in line)]
+        next(line for line in wrong.stderr.splitlines() if line.startswith("error:") and "optimizer='muon'" in line)]
     train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), *args)
     a, b = log_rows(whole), log_rows(halves)
     assert [(r["loss"], r["lr"], r["grad_norm"]) for r in a] == [(r["loss"], r["lr"], r["grad_norm"]) for r in b]

@@ -52,10 +52,10 @@ def test_tokens_become_iterations():
 
 
 def test_crossed_marks_the_first_step_past_each_multiple():
-    steps = [n for n in range(20) if schedule.crossed(n, 64, 200)]
+    steps = [n for n in range(20) if schedule.crossed(n * 64, 64, 200)]
     assert steps == [4, 7, 10, 13, 16, 19]  # 256, 448, 640, 832, 1024, 1216 tokens seen
-    assert [n for n in range(5) if schedule.crossed(n, 100, 100)] == [1, 2, 3, 4]
-    assert not any(schedule.crossed(n, 64, 0) for n in range(10))
+    assert [n for n in range(5) if schedule.crossed(n * 100, 100, 100)] == [1, 2, 3, 4]
+    assert not any(schedule.crossed(n * 64, 64, 0) for n in range(10))
 
 
 @pytest.fixture(scope="module")

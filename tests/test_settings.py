@@ -8,7 +8,7 @@ from gpt.settings import inert, inert_sample
 
 def test_settings_given_that_do_nothing_are_named():
     base = dict(decay_lr=True, lr_schedule='cosine', warmup_iters=10, warmup_tokens=0, lr_decay_iters=100,
-                lr_decay_tokens=0, lr_decay_frac=0.2, min_lr=6e-5, muon_lr=0.0, muon_momentum=0.95,
+                lr_decay_tokens=0, lr_decay_frac=0.2, min_lr=6e-5, optimizer='adamw', muon_lr=0.02, muon_momentum=0.95,
                 muon_weight_decay=0.0, muon_shard=True, sample_interval=0, sample_prompt="Hi", sample_max_tokens=32,
                 sample_top_p=1.0, num_samples_train=4, dashboard=False, dashboard_port=8000, compile=True,
                 compile_scope='model', keep_checkpoints=0, checkpoint_interval=0, ckpt_every_tokens=0,
@@ -17,9 +17,8 @@ def test_settings_given_that_do_nothing_are_named():
     def notes(given, **values):
         return inert(configurator.Config({**base, **values}, given))
     assert notes(base.keys()) == ["lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
-                                  "muon_momentum=0.95 does nothing here: muon_lr=0 trains with AdamW alone",
-                                  "muon_weight_decay=0.0 does nothing here: muon_lr=0 trains with AdamW alone",
-                                  "muon_shard=True does nothing here: muon_lr=0 trains with AdamW alone",
+                                  *[f"{k}={base[k]!r} does nothing here: optimizer='adamw' trains without Muon"
+                                    for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_shard")],
                                   "sample_prompt='Hi' does nothing here: sample_interval=0 draws no samples during "
                                   "training", *[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no "
                                                 f"samples during training" for k in ("sample_max_tokens",
@@ -42,7 +41,7 @@ def test_settings_given_that_do_nothing_are_named():
     assert notes({"compile_scope", "keep_checkpoints"}, compile=False, checkpoint_interval=-1, keep_checkpoints=3) \
         == ["compile_scope='model' does nothing here: compile=False compiles nothing",
             "keep_checkpoints=3 does nothing here: checkpoint_interval=-1 saves no checkpoints"]
-    assert notes({"muon_momentum", "lr_decay_frac", "sample_prompt"}, muon_lr=0.02, lr_schedule='wsd',
+    assert notes({"muon_momentum", "lr_decay_frac", "sample_prompt"}, optimizer='muon', lr_schedule='wsd',
                  sample_interval=10) == []  # each in use
 
 

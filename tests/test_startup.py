@@ -93,7 +93,7 @@ print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
 '''
 
 
-@pytest.mark.parametrize("optimizer", [{}, dict(muon_lr=0.02)], ids=["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", [{}, dict(optimizer='muon')], ids=["adamw", "muon"])
 def test_a_run_that_does_not_compile_never_imports_torch_dynamo(tmp_path, shakespeare_text_path, optimizer):
     """torch.optim imports torch._dynamo at an optimizer's first add_param_group and step, seconds of a run's
     start-up on a fresh GPU machine; gpt/optim.py's optimizers do not, nor does anything else a run without
@@ -147,7 +147,7 @@ def test_a_run_says_where_its_start_up_went(tmp_path, shakespeare_text_path):
     assert len(lines) == 1, r.stdout[-2000:]
     (row,) = log_rows(tmp_path / 'o', 'startup')
     parts = {k: v for k, v in row.items() if k not in ('kind', 'step')}
-    assert list(parts) == ['import_torch', 'other_imports', 'settings_and_processes', 'data', 'model',
+    assert list(parts) == ['import_torch', 'other_imports', 'plan', 'data', 'model',
                            'optimizer_and_state', 'first_evaluation'] and all(v >= 0 for v in parts.values())
     total = float(lines[0].split(" at ")[1].split("s since")[0])
     assert abs(sum(parts.values()) - total) < 0.06 and parts['import_torch'] > 0.1, (lines[0], parts)

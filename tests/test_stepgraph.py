@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from test_generation import FakeGraph
 
-from gpt import stepgraph
+from gpt import step, stepgraph
 from gpt.checkpoint import portable
 from model import GPT, GPTConfig
 
@@ -66,6 +66,12 @@ def plain_step(model, optimizer, data, accum, lr):
     return loss_sum, norm
 
 
+def graph_step(graph, data, accum, lr):
+    """train.py's use of the graph: the learning rate, then a step on the next accum micro-batches."""
+    step.set_lr(graph.optimizer, lr)
+    return graph.run([next(data) for _ in range(accum)])
+
+
 def fake_capture(self):
     """As StepGraph.capture, with a FakeGraph: recording runs the step, so undo what it did to the weights
     and the optimizer (a real capture runs nothing)."""
@@ -96,10 +102,9 @@ def test_graph_step_trains_as_the_plain_loop(monkeypatch, graphed, accum):
     lrs = [2**-10 * (i + 1) for i in range(steps)]  # a schedule (exact in float32): each replay reads its rate
     ref_data, graph_data = iter(data), iter(data)
     graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, accum, B, T, 'cpu', graphed=graphed)
-    X, Y = next(graph_data)
     for lr in lrs:
         ref_loss, ref_norm = plain_step(ref, ref_opt, ref_data, accum, lr)
-        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), lr)
+        loss, norm = graph_step(graph, graph_data, accum, lr)
         assert loss.item() == pytest.approx(ref_loss, rel=1e-6) and norm.item() == pytest.approx(ref_norm, rel=1e-6)
     # the same kernels on the same numbers: exactly equal (with learning rates that float32 holds exactly)
     for p, q in zip(ref.parameters(), model.parameters()):
@@ -117,13 +122,12 @@ def test_a_non_finite_step_is_skipped_on_the_device(monkeypatch, graphed):
     data = batches(5)
     ref_data, graph_data = iter(data), iter(data)
     graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, 1, B, T, 'cpu', graphed=graphed)
-    X, Y = next(graph_data)
     norms = []
     for i in range(4):
         model.scale.fill_(float('nan') if i == 2 else 1.0)
         ref.scale.fill_(float('nan') if i == 2 else 1.0)
         plain_step(ref, ref_opt, ref_data, 1, 2**-10)
-        X, Y, loss, norm = graph.run(X, Y, lambda: next(graph_data), 2**-10)
+        loss, norm = graph_step(graph, graph_data, 1, 2**-10)
         norms.append(norm.item())
     assert norms[2] != norms[2] and all(n == n for n in norms[:2] + norms[3:])  # only step 2 is NaN
     for p, q in zip(ref.parameters(), model.parameters()):
@@ -162,10 +166,9 @@ def test_cuda_graph_step_matches_the_plain_loop(accum):
     data = batches(6 * accum + 1, 'cuda')
     ref_data, graph_data = iter(data), iter(data)
     graph = stepgraph.StepGraph(model, opt, nullcontext(), 1.0, accum, B, T, 'cuda')
-    X, Y = next(graph_data)
     for i in range(6):
         ref_loss, _ = plain_step(ref, ref_opt, ref_data, accum, 2**-10 * (i + 1))
-        X, Y, loss, _ = graph.run(X, Y, lambda: next(graph_data), 2**-10 * (i + 1))
+        loss, _ = graph_step(graph, graph_data, accum, 2**-10 * (i + 1))
         assert loss.item() == pytest.approx(ref_loss, rel=1e-6)
     assert graph.graph is not None
     for p, q in zip(ref.parameters(), model.parameters()):
