@@ -4,10 +4,23 @@ dashboard=True, for its own): the page in gpt/dashboard_static/ (uPlot, no netwo
 which answers the log's complete rows from byte N on and the offset to ask from next time. Only 127.0.0.1 by
 default. Served by the run itself the page says "live" until the log's "end" row; served by dashboard.py,
 also "quiet" once the log has had no rows for minutes (a crashed or killed run).
+
+Only requests addressed to this machine by a name it was served under are answered (Host: localhost,
+127.0.0.1, [::1], the --host it was bound to, any IP address; and this machine's name when bound to all
+of them); others get 403. A web page elsewhere could otherwise read the log through DNS rebinding: its own
+name, pointed at 127.0.0.1 after the page has loaded, makes the browser send this server its requests, but
+still under that name. The port is not checked, so an ssh tunnel to another local port works.
+
+train.py binds the port before anything else happens (make_server: a port in use is one line before out_dir
+is touched), serves once the run starts (start), and at its end gives a page that is open the moment to read
+the log's last rows - the final evaluation, samples, "finished" - before the process and its server go
+(Server.finish: a few seconds at most, and only while a page is polling).
 """
 import http.server
+import ipaddress
 import json
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -23,6 +36,7 @@ FILES = {  # path -> (file in dashboard_static, content type)
     "/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8"),
 }
 MAX_CHUNK = 4 << 20  # bytes of log per answer: a long run's page catches up over a few requests
+POLLING_S = 3.0  # a page that asked for the log this recently is open (it asks every second)
 
 
 def read_rows(path, offset):
@@ -64,16 +78,23 @@ def idle_seconds(path):
 class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
+        host = self.headers.get("Host", "")
+        if not self.server.serves(host):
+            return self.send_error(403, f"this dashboard answers only to the names it is served under, not "
+                                        f"{host_name(host) or 'none'} (python dashboard.py --host=NAME serves it "
+                                        f"under NAME)")
         url = urllib.parse.urlsplit(self.path)
         if url.path == "/log":
+            query = urllib.parse.parse_qs(url.query)
             try:
-                offset = max(0, int(urllib.parse.parse_qs(url.query).get("offset", ["0"])[0]))
+                offset = max(0, int(query.get("offset", ["0"])[0]))
             except ValueError:
                 return self.send_error(400, "offset must be an integer")
-            body = json.dumps({**read_rows(self.server.log_path, offset), "run": self.server.run_name,
+            answer = read_rows(self.server.log_path, offset)
+            self.server.polled(query.get("page", [self.client_address[0]])[0], answer)
+            body = json.dumps({**answer, "run": self.server.run_name,
                                "idle_s": None if self.server.training else idle_seconds(self.server.log_path)})
-            body = body.encode()
-            return self.reply(body, "application/json")
+            return self.reply(body.encode(), "application/json")
         if url.path == "/favicon.ico":  # the page links none (data:), but some browsers ask anyway
             self.send_response(204)
             return self.end_headers()
@@ -95,30 +116,110 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass  # a request every second would drown the training's own output
 
 
-def make_server(out_dir, port=8000, host="127.0.0.1"):
+def host_name(header):
+    """The name in a Host header ('name:port', '[::1]:port', 'name'), lower case, without a final dot."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        name = header[1:header.find("]")]
+    else:
+        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
+
+
+def is_address(name):
     try:
-        server = http.server.ThreadingHTTPServer((host, port), Handler)
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+class Server(http.server.ThreadingHTTPServer):
+    """The dashboard's HTTP server for one run folder: bound (and its port taken) when made, serving once
+    started."""
+
+    daemon_threads = True
+
+    def __init__(self, address, out_dir, training=False):
+        super().__init__(address, Handler)
+        self.log_path = os.path.join(out_dir, LOG_NAME)
+        self.run_name = os.path.basename(os.path.abspath(out_dir))
+        self.training = training  # served by the training process itself: live while it answers, however quiet
+        host = address[0].lower().strip("[]")
+        self.names = {"localhost", host} - {""}  # and any IP address: a rebinding page has a name, not an address
+        if host in ("", "0.0.0.0", "::"):  # every address of this machine: also its name
+            self.names.add(socket.gethostname().lower())
+        self.pages = {}  # page -> (when it last asked for the log, the offset it has read to)
+        self.pages_lock = threading.Lock()
+        self.serving = False
+
+    def serves(self, host):
+        """Whether a request with this Host header is addressed to this server (rather than to a name that
+        was pointed at it)."""
+        name = host_name(host)
+        return name in self.names or is_address(name)
+
+    def polled(self, page, answer):
+        with self.pages_lock:
+            self.pages[page] = (time.monotonic(), answer["offset"])
+
+    def start(self):
+        # polled every 0.1 s for shutdown (finish), not serve_forever's 0.5: a run's end waits on it
+        threading.Thread(target=self.serve_forever, args=(0.1,), name="dashboard", daemon=True).start()
+        self.serving = True
+
+    def finish(self, timeout=5.0):
+        """The run is over: wait until every page still polling has read the log to its end (its last
+        evaluation, samples and "end" row), at most `timeout` seconds and never longer than such a page takes
+        to ask again (POLLING_S); then stop serving. Returns at once when no page is open."""
+        end = self.log_size()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.pages_behind(end):
+            time.sleep(0.05)
+        if self.serving:
+            self.shutdown()
+            self.serving = False
+        self.server_close()
+
+    def pages_behind(self, end):
+        """The pages open now (asked within POLLING_S) that have not read the log up to byte `end`."""
+        now = time.monotonic()
+        with self.pages_lock:
+            return [page for page, (when, offset) in self.pages.items() if now - when < POLLING_S and offset < end]
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+
+def make_server(out_dir, port=8000, host="127.0.0.1", training=False):
+    """The dashboard's server for out_dir, its port already taken (a port in use is a UserError now, before the
+    run changes anything), not yet serving: start() it."""
+    try:
+        return Server((host, port), out_dir, training)
     except (OSError, OverflowError) as e:  # in use, no such address; OverflowError: a port beyond 65535
         raise UserError(f"the dashboard cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}): "
                         f"pick another port (0: any free one)")
-    server.daemon_threads = True
-    server.log_path = os.path.join(out_dir, LOG_NAME)
-    server.run_name = os.path.basename(os.path.abspath(out_dir))
-    server.training = False  # served by the training process itself: live while it answers, however quiet
-    return server
 
 
 def url(server):
     host, port = server.server_address[:2]
-    return f"http://{host}:{port}/"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
-def start_dashboard(out_dir, port=8000, host="127.0.0.1", training=False):
-    """Serve the page for out_dir from a background thread (it ends with the process); returns the server.
-    training: this process is the run (its log may be quiet for long, during a long evaluation, and still live)."""
-    server = make_server(out_dir, port, host)
-    server.training = training
-    threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
+def start(server):
+    """Serve the page from a background thread (it ends with the process, or at server.finish()), and say
+    where."""
+    server.start()
+    out_dir = os.path.dirname(server.log_path)
     print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
           flush=True)
     return server
+
+
+def start_dashboard(out_dir, port=8000, host="127.0.0.1", training=False):
+    """make_server and start at once; returns the server. training: this process is the run (its log may be
+    quiet for long, during a long evaluation, and still live)."""
+    return start(make_server(out_dir, port, host, training))

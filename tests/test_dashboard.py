@@ -1,17 +1,21 @@
 """
-The live dashboard: the server's incremental /log answers, `python dashboard.py` on a run folder, and the page
-in a real browser (headless Chromium through playwright) during a CPU training run with dashboard=True: its
-charts show the run's points and grow as training goes on. The screenshot is kept as a test artifact, in
-$TEST_ARTIFACTS or else out-test-artifacts/ at the top of the repository.
+The live dashboard: the server's incremental /log answers, only to requests addressed to it (not to a name
+pointed at it: DNS rebinding), its port taken before it serves, a training process's server that lets an open
+page read the run's end before it goes, `python dashboard.py` on a run folder, and the page in a real browser
+(headless Chromium through playwright) during a CPU training run with dashboard=True: its charts show the
+run's points and grow as training goes on, and it shows the run's end. The screenshot is kept as a test
+artifact, in $TEST_ARTIFACTS or else out-test-artifacts/ at the top of the repository.
 """
 import json
 import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -116,6 +120,88 @@ def test_dashboard_script_serves_a_finished_run(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def ask(server, host, path="/log?offset=0"):
+    """The status of a GET with this Host header (None: no Host header at all)."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+    conn.putrequest("GET", path, skip_host=True)
+    if host is not None:
+        conn.putheader("Host", host)
+    conn.endheaders()
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_only_requests_addressed_to_this_server_are_answered(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"kind": "train", "step": 0}\n')
+    server = dashboard.start_dashboard(tmp_path, 0)
+    port = server.server_address[1]
+    try:
+        # its own names and addresses, on any port (an ssh tunnel from another local port)
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST:9000", "localhost"):
+            assert ask(server, host) == 200, host
+            assert ask(server, host, "/") == 200, host
+        # another name pointed at 127.0.0.1 (DNS rebinding), or none: refused, the page and the log alike
+        for host in (f"attacker.example:{port}", f"localhost.attacker.example:{port}", "", None):
+            assert ask(server, host) == 403, host
+            assert ask(server, host, "/") == 403, host
+    finally:
+        server.finish(0)
+    # bound to every address (--host=0.0.0.0): this machine's name and its addresses too, still no other name
+    everywhere = dashboard.make_server(tmp_path, 0, "0.0.0.0")
+    try:
+        assert everywhere.serves(f"{socket.gethostname()}:8000") and everywhere.serves("192.168.1.20:8000")
+        assert not everywhere.serves("attacker.example:8000")
+    finally:
+        everywhere.server_close()
+
+
+def test_the_port_is_taken_before_the_server_serves(tmp_path):
+    server = dashboard.make_server(tmp_path, 0, training=True)  # train.py: before out_dir is claimed
+    try:
+        with pytest.raises(UserError, match="cannot listen on 127.0.0.1"):
+            dashboard.make_server(tmp_path, server.server_address[1])
+        dashboard.start(server)  # once the run starts
+        assert json.loads(get(dashboard.url(server) + "log"))["rows"] == []
+    finally:
+        server.finish(0)
+
+
+def poll(server, page, offset):
+    return json.loads(get(f"{dashboard.url(server)}log?offset={offset}&page={page}"))["offset"]
+
+
+def test_the_end_waits_for_an_open_page_to_read_the_last_rows(tmp_path, monkeypatch):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"kind": "train", "step": 0}\n')
+    idle = dashboard.start_dashboard(tmp_path, 0, training=True)
+    t0 = time.monotonic()
+    idle.finish(timeout=5)  # no page open: the run ends at once
+    assert time.monotonic() - t0 < 0.5
+    server = dashboard.start_dashboard(tmp_path, 0, training=True)
+    offset = poll(server, "a", 0)  # a page is open and has read everything so far
+    with open(log, "a") as f:  # the run's last evaluation and its end
+        f.write('{"kind": "eval", "step": 1}\n{"kind": "end", "step": 1}\n')
+    read = []
+    threading.Timer(0.5, lambda: read.append(poll(server, "a", offset))).start()  # its next poll
+    t0 = time.monotonic()
+    server.finish(timeout=5)
+    assert read == [log.stat().st_size] and time.monotonic() - t0 < 2  # it waited for that poll, no longer
+    with pytest.raises(urllib.error.URLError):
+        get(dashboard.url(server))  # and then stopped serving
+    # a page that stops asking (closed) is waited for only until it would have asked again; never past timeout
+    monkeypatch.setattr(dashboard, "POLLING_S", 0.3)
+    for timeout in (5, 0.2):
+        server = dashboard.start_dashboard(tmp_path, 0, training=True)
+        poll(server, "closed", 0)
+        with open(log, "a") as f:
+            f.write('{"kind": "end", "step": 2}\n')
+        t0 = time.monotonic()
+        server.finish(timeout=timeout)
+        assert time.monotonic() - t0 < min(timeout, 0.3) + 0.2
 
 
 def browser_or_skip():
@@ -233,10 +319,33 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
             page.screenshot(path=str(shot), full_page=True)
             shutil.copy(shot, os.path.join(ARTIFACTS, "dashboard.png"))
             assert shot.stat().st_size > 10000
+            proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, exit
+            proc.wait(timeout=60)
+            # the run waited for the open page to read its end before its server went
+            page.wait_for_function("document.body.dataset.status === 'ended'", timeout=10000)
+            assert page.inner_text("#status").startswith("stopped at step")
             browser.close()
     finally:
-        proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, exit
-        proc.wait(timeout=60)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, "".join(lines)[-3000:]
     assert os.path.exists(out_dir / "ckpt.pt")
     assert read_log(out_dir)[-1]["kind"] == "end" and read_log(out_dir)[-1]["stopped"]  # the page stops saying live
+
+
+def test_a_dashboard_port_in_use_is_refused_before_out_dir_is_touched(char_data, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "log.jsonl").write_text('{"kind": "train", "step": 0}\n')  # an earlier run's, to be moved aside
+    taken = dashboard.make_server(tmp_path, 0)
+    try:
+        r = subprocess.run([sys.executable, "train.py", f"--data_dir={char_data}", "--dataset=chars",
+                            f"--out_dir={out_dir}", "--dashboard=True",
+                            f"--dashboard_port={taken.server_address[1]}", *flags(**tiny(max_iters=2))],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        taken.server_close()
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("error: the dashboard cannot listen on 127.0.0.1:"), r.stderr
+    assert os.listdir(out_dir) == ["log.jsonl"] and "note:" not in r.stdout  # nothing moved aside, no lock

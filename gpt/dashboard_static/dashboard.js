@@ -4,6 +4,9 @@
 "use strict";
 
 const POLL_MS = 1000;
+// this page's name in its requests: a training process that ends waits (briefly) for the pages that are open
+// to read the log's last rows
+const PAGE = Math.random().toString(36).slice(2);
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
 const LOSSES = [["train loss (step)", "train", "loss"], ["train loss (eval)", "eval", "train_loss"],
                 ["val loss", "eval", "val_loss"]];
@@ -119,7 +122,7 @@ async function poll() {
   try {
     let changed = false;
     for (;;) {  // a long log comes in several answers
-      const answer = await (await fetch(`log?offset=${offset}`, {cache: "no-store"})).json();
+      const answer = await (await fetch(`log?offset=${offset}&page=${PAGE}`, {cache: "no-store"})).json();
       if (answer.reset) {  // a resumed run cut its log back: start over
         rows.train = []; rows.eval = []; samples = null; ended = null; changed = true;
       }
