@@ -405,6 +405,7 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
         if vocab_size > len(vocab) and EOS not in vocab:
             vocab[EOS] = eos = len(tokenizer.itos)
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+        tok.normalizer = drop_unknown_characters(tokenizer.itos)
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
         if eos is not None:
@@ -419,6 +420,17 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left",
                                    clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES,
                                    **special)
+
+
+def drop_unknown_characters(itos):
+    """A normalizer that removes every character outside the vocabulary, so that text holding one (an accent,
+    a curly quote, an emoji) still encodes, as the text without it, instead of failing ("Missing [UNK] token").
+    Dropping is the one fallback that adds nothing the model never saw: an <unk> id would be a row it lacks (and
+    a new row changes every likelihood), its spare id is the end of a document, and a known character in its
+    place would be text that was not there. Special tokens (<|endoftext|>) are matched before normalizing."""
+    from tokenizers import Regex, normalizers
+    known = "".join(f"\\x{{{ord(ch):x}}}" for ch in itos)  # code points: no character is special in the class
+    return normalizers.Replace(Regex(f"[^{known}]"), "")
 
 
 # what the tokenizer returns, and so what model(**tokenizer(text)) and generate(**enc) pass on. Without it,
@@ -494,14 +506,15 @@ def model_card(ckpt, hf_config, dtype):
         f"Dataset: {dataset or '?'}; step {ckpt.get('iter_num', '?')}"
         + (f" ({tokens:,} tokens)" if tokens is not None else "") + "; best validation loss "
         f"{float(ckpt.get('best_val_loss', float('nan'))):.4f}.", "",
-        f"The context is {ckpt['model_args']['block_size']} tokens: keep prompt and max_new_tokens within it. "
-        + ("Past it generation fails: the position table has no more rows."
-           if family == "gpt2" else "Past it the rotary positions were never trained on."), "",
+        f"The context is {ckpt['model_args']['block_size']} tokens: a call that gives no length stops there "
+        f"(generation_config.json's max_length); one that asks for max_new_tokens must keep the prompt and them "
+        f"within it. " + ("Past it generation fails: the position table has no more rows."
+                          if family == "gpt2" else "Past it the rotary positions were never trained on."), "",
         "```python",
         "from transformers import AutoModelForCausalLM, pipeline",
         "model = AutoModelForCausalLM.from_pretrained('.')",
         "generate = pipeline('text-generation', model='.')",
-        f"print(generate('Hello', max_new_tokens={min(50, ckpt['model_args']['block_size'] // 2)}))",
+        "print(generate('Hello'))  # up to the context",
         "```", "",
     ]
     return "\n".join(lines)

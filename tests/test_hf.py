@@ -391,6 +391,19 @@ def test_char_model_without_a_spare_id_exports_without_pad_and_says_so(tmp_path,
     assert hf_tok.eos_token is None and hf_tok.pad_token is None and len(hf_tok) == 60
 
 
+def test_char_tokenizer_drops_characters_outside_its_vocabulary():
+    """Text with a character the vocabulary lacks encodes as the text without it (no "Missing [UNK] token"
+    error, no id the model lacks); known text, characters that are special to a regex, and <|endoftext|>
+    encode as before."""
+    itos = list("\n !$&-.:;?[]^\\ABCabc")
+    hf_tok = hf.hf_tokenizer(get_tokenizer({"tokenizer": "char", "itos": itos}), 32, len(itos) + 1)
+    known = "".join(itos) + "Cab[c]^\\-"
+    assert hf_tok.encode(known) == [itos.index(ch) for ch in known]
+    assert hf_tok.encode("naïve Abc 😀 — é") == hf_tok.encode("a Abc   ")  # n, ï, v, e, 😀, — and é dropped
+    assert hf_tok.encode("a<|endoftext|>b") == [itos.index("a"), len(itos), itos.index("b")]
+    assert len(hf_tok) == len(itos) + 1  # the vocabulary is the characters and <|endoftext|>, nothing more
+
+
 def test_gpt2_bpe_export_has_gpt2s_tokenizer_and_never_picks_padding(bpe_run, shakespeare_text_path, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
     folder = tmp_path / "hf"
@@ -435,8 +448,8 @@ def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
     tok, config = generate.tokenizer, generate.model.config
     assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, config.pad_token_id) == ("<|endoftext|>", 60, 60, 60)
     assert 60 in generate.model.generation_config.suppress_tokens  # never generated: the model never saw it
-    # no max_length: with it, every generate(max_new_tokens=...) would warn that both lengths are set
-    assert "max_length" not in json.load(open(os.path.join(folder, "generation_config.json")))
+    # a call that gives no length stops at the context
+    assert json.load(open(os.path.join(folder, "generation_config.json")))["max_length"] == 24
     prompts = ["ABC", "HELLO THERE", "X"]
     alone = [generate(p, max_new_tokens=6, do_sample=False)[0]["generated_text"] for p in prompts]
     batched = generate(prompts, max_new_tokens=6, do_sample=False, batch_size=3)
@@ -519,9 +532,9 @@ USER_TEXT = {"char": "HELLO THERE, friend", "bpe": "ROMEO:\nWhat say you, my lor
 
 @pytest.fixture(scope="module")
 def user_exports(gpt2_ranks_path, tmp_path_factory):
-    """{name: run folder} of GPT-2 and Llama exports, each with a character vocabulary and with GPT-2's BPE
-    (padded to 50304), each folder holding hf/ and expected.pt: a text, our token ids and logits of it, and
-    our greedy continuation, as ids and as text."""
+    """{name: run folder} of GPT-2 and Llama exports (context 32), each with a character vocabulary and with
+    GPT-2's BPE (padded to 50304), each folder holding hf/ and expected.pt: a text, our token ids and logits
+    of it, and our greedy continuation, 8 tokens as ids and as text, and up to the context."""
     folders = {}
     for family in ("gpt2", "llama"):
         for vocab in ("char", "bpe"):
@@ -540,8 +553,10 @@ def user_exports(gpt2_ranks_path, tmp_path_factory):
             x = torch.tensor([ids])
             with torch.no_grad():
                 greedy = model.generate(x, 8, temperature=0, vocab_limit=tokenizer.vocab_size)[0].tolist()
+                full = model.generate(x, 32 - len(ids), temperature=0, vocab_limit=tokenizer.vocab_size)[0].tolist()
                 torch.save({"text": USER_TEXT[vocab], "ids": ids, "logits": model(x, targets=x)[0][0],
-                            "greedy": greedy, "greedy_text": tokenizer.decode(greedy)}, d / "expected.pt")
+                            "greedy": greedy, "greedy_text": tokenizer.decode(greedy), "greedy_full": full},
+                           d / "expected.pt")
             folders[f"{family}-{vocab}"] = d
     return folders
 
@@ -559,9 +574,19 @@ for d in sys.argv[1:]:
         print('GENERATE', file=sys.stderr, flush=True)  # what generate() says, up to PIPELINE
         generated = model.generate(**enc, max_new_tokens=8, do_sample=False)[0].tolist()
     print('PIPELINE', file=sys.stderr, flush=True)
-    text = transformers.pipeline('text-generation', model=folder)(e['text'], max_new_tokens=8, do_sample=False)
+    generate = transformers.pipeline('text-generation', model=folder)
+    text = generate(e['text'], max_new_tokens=8, do_sample=False)
+    print('BARE', file=sys.stderr, flush=True)  # what a call without a length says, up to LONG
+    bare = generate(e['text'], do_sample=False, return_tensors=True)[0]['generated_token_ids']
+    print('LONG', file=sys.stderr, flush=True)
+    try:
+        long = generate(e['text'] * 10, do_sample=False)
+    except Exception as error:
+        long = f'{type(error).__name__}: {error}'
     results[d] = dict(inputs=sorted(enc), ids=enc['input_ids'][0].tolist(), diff=diff, generated=generated,
-                      pipeline=text[0]['generated_text'])
+                      pipeline=text[0]['generated_text'], bare=list(bare), long=str(long),
+                      unknown=generate.tokenizer.encode('\u00e9' + e['text'] + '\U0001f600\u2014'),
+                      max_length=model.generation_config.max_length)
 print('RESULTS', transformers.__version__, json.dumps(results))
 """
 
@@ -581,11 +606,18 @@ def check_user_paths(python, user_exports):
         assert got["diff"] < 1e-5, (where, got["diff"])
         assert got["generated"] == e["greedy"], where
         assert got["pipeline"] == e["greedy_text"], where
-    # generation_config has no max_length, so asking generate() for max_new_tokens does not warn that both are
-    # set. (transformers 5.17's text-generation pipeline warns on its own: it passes its default generation
-    # config, max_length 20, beside the call's arguments - whatever the folder holds; 5.24's does not.)
-    said = [part.split("PIPELINE\n")[0] for part in r.stderr.split("GENERATE\n")[1:]]
-    assert len(said) == len(user_exports) and not any("max_length" in s for s in said), (version, said)
+        # a call that gives no length (the pipeline's default: 256 new tokens) stops at the context, 32 tokens,
+        # the greedy tokens ours; a prompt longer than the context is transformers' one-line ValueError, not an
+        # IndexError from GPT-2's position table nor a Llama running past its trained positions
+        assert got["max_length"] == 32 and got["bare"] == e["greedy_full"][:len(got["bare"])], where
+        assert len(got["bare"]) == 32 or got["bare"][-1] == 50256, (where, len(got["bare"]))
+        assert got["long"].startswith("ValueError: Input length of input_ids is ") and "max_length" in got[
+            "long"], (where, got["long"])
+        if name.endswith("char"):  # characters outside the vocabulary are dropped, not an error
+            assert got["unknown"] == e["ids"], where
+    # nothing warns about lengths when a call gives none
+    bare = [part.split("LONG\n")[0] for part in r.stderr.split("BARE\n")[1:]]
+    assert len(bare) == len(user_exports) and not any("max_length" in s for s in bare), (version, bare)
 
 
 def test_user_paths_give_our_logits_and_tokens(user_exports):
