@@ -13,7 +13,8 @@ ours), and only then put in place: export_dir may be absent, empty or an earlier
 anything else is refused unless --force=True, and a failed export leaves it as it was.
 A model whose vocabulary was padded (GPT-2: 50304 for the tokenizer's 50257) keeps its padded size, so the
 weights are exactly ours; the padding ids are listed in generation_config.json's suppress_tokens, so
-transformers' generate never picks them, just as sample.py never does.
+transformers' generate never picks them, just as sample.py never does; its max_length is the context, where a
+call that gives no length stops.
 """
 import json
 import os
