@@ -90,13 +90,12 @@ def own_files(out_dir):
 
 def check_no_links(out_dir):
     """A UserError naming each symbolic link where the run would write a file of its own."""
-    links = [os.path.join(out_dir, f) for f in own_files(out_dir) if os.path.islink(os.path.join(out_dir, f))]
+    links = [os.path.join(out_dir, f) for f in sorted(own_files(out_dir)) if os.path.islink(os.path.join(out_dir, f))]
     if links:
         named = ", ".join(f"{path} (a link to {os.readlink(path)})" for path in links)
-        them = "it" if len(links) == 1 else "them"
+        them = "it (what it points to" if len(links) == 1 else "them (what they point to"
         raise UserError(f"{named}: a run writes its own files in out_dir, never through a link; remove {them} "
-                        f"(what {them} point{'s' * (them == 'it')} to stays as it is), or, to keep the run's "
-                        f"files elsewhere, make out_dir itself the link")
+                        f"stays as it is), or, to keep the run's files elsewhere, make out_dir itself the link")
 
 
 def nearest_existing(path):
