@@ -4,14 +4,20 @@ tokens, the learning rate, the gradient norm, tokens/s (and MFU on a GPU), Hella
 
 $ python plot.py --out_dir=out                         # writes out/curves.png
 $ python plot.py --out_dir=out --output=report/run.png
+$ python plot.py --out_dir=out --output=run.svg           # any format matplotlib writes, by the extension
 """
+import json
 import os
 import sys
 
 import configurator
 from gpt import errors
+from gpt.data import check_output_file
 from gpt.errors import UserError
 from gpt.trainlog import LOG_NAME, read_log
+
+# the values the panels plot; each is a number or null in a train or eval row (step and tokens always numbers)
+PLOTTED = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "train_loss", "val_loss", "hellaswag", "hellaswag_acc")
 
 
 def series(rows, kind, x, key, scale=1.0):
@@ -28,13 +34,72 @@ def plot_losses(ax, rows, x):
     ax.legend()
 
 
-def figure(rows, title):
+def pyplot():
     try:
         import matplotlib
     except ImportError:
         raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
+    return plt
+
+
+def check_output(output):
+    """The file to write, checked before the log is read: a format matplotlib can write here (pgf only with
+    its TeX program), a folder that exists or can be made. No extension is matplotlib's PNG, named .png."""
+    import shutil
+    plt = pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = set(FigureCanvasBase.get_supported_filetypes())
+    if not shutil.which(plt.rcParams["pgf.texsystem"]):
+        formats.discard("pgf")
+    formats = sorted(formats)
+    if os.path.isdir(output):
+        raise UserError(f"--output={output} is a folder: name the file to write, e.g. "
+                        f"--output={os.path.join(output, 'curves.png')}")
+    ext = os.path.splitext(output)[1].lower()
+    if not ext:
+        output += ".png"
+    elif ext[1:] not in formats:
+        why = "is not a format matplotlib writes"
+        if ext == ".pgf":
+            why = f"needs {plt.rcParams['pgf.texsystem']}, which is not installed"
+        raise UserError(f"--output={output}: {ext} {why}; end the name with one of .{', .'.join(formats)}")
+    return check_output_file(output, "--output", make_folder=True)
+
+
+def training_rows(out_dir):
+    """The log's train and eval rows, after checking that every row is an object and every value the panels
+    plot is a number (or null): a damaged or hand-edited log is one line naming the row."""
+    path = os.path.join(out_dir, LOG_NAME)
+    try:
+        rows = read_log(out_dir)
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e}): point --out_dir at a run folder")
+    for n, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: row {n} is {json.dumps(row)[:80]}, not a JSON object: the log was damaged "
+                            f"or edited; remove that line")
+    rows = [r for r in rows if r.get("kind") in ("train", "eval")]
+    for row in rows:
+        wrong = [k for k in ("step", "tokens") if not is_number(row.get(k))]
+        wrong += [k for k in PLOTTED if row.get(k) is not None and not is_number(row[k])]
+        if wrong:
+            raise UserError(f"{path}: in the {row['kind']} row {json.dumps(row)[:100]}, {', '.join(wrong)} "
+                            f"{'is not a number' if len(wrong) == 1 else 'are not numbers'}: the log was damaged or "
+                            f"edited; remove that line")
+    if not rows:
+        raise UserError(f"no training log rows in {path}: train first, or point --out_dir at a run folder")
+    return rows
+
+
+def is_number(value):
+    # not bool (JSON keeps it apart), nor an integer too large for a float; NaN and inf are a run's own values
+    return type(value) is float or (type(value) is int and abs(value) <= sys.float_info.max)
+
+
+def figure(rows, title):
+    plt = pyplot()
     panels = [lambda ax: plot_losses(ax, rows, "step"), lambda ax: plot_losses(ax, rows, "tokens")]
 
     def lr(ax):
@@ -79,17 +144,17 @@ def main(argv):
     errors.install()
     settings = dict(
         out_dir='out',  # the run folder, holding log.jsonl
-        output='',  # the PNG to write; '' = <out_dir>/curves.png
+        output='',  # the image to write, its format by its extension (.png, .svg, .pdf, ...); '' = <out_dir>/curves.png
     )
     s = configurator.apply(settings, argv)
-    rows = [r for r in read_log(s['out_dir']) if r.get("kind") in ("train", "eval")]
-    if not rows:
-        raise UserError(f"no training log rows in {os.path.join(s['out_dir'], LOG_NAME)}: "
-                        f"train first, or point --out_dir at a run folder")
-    output = s['output'] or os.path.join(s['out_dir'], 'curves.png')
+    output = check_output(s['output'] or os.path.join(s['out_dir'], 'curves.png'))
+    rows = training_rows(s['out_dir'])
     fig = figure(rows, os.path.basename(os.path.abspath(s['out_dir'])))
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    fig.savefig(output, dpi=100)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        fig.savefig(output, dpi=100)
+    except OSError as e:  # what no check can foresee: a full disk, a quota
+        raise UserError(f"could not write {output} ({e.strerror or e})") from None
     print(f"wrote {output}")
 
 

@@ -86,12 +86,14 @@ def read_meta(data_dir):
                 meta = _PlainDataUnpickler(io.BytesIO(f.read())).load()
         except Exception as e:
             raise UserError(f"{path} could not be read as plain data ({e}); re-run the dataset's prepare.py")
-        if isinstance(meta, dict) and "itos" in meta:  # nanoGPT char meta: itos is {id: char}
-            meta = {"tokenizer": "char", "vocab_size": meta["vocab_size"],
-                    "itos": [meta["itos"].get(i) for i in range(meta["vocab_size"])]}  # gaps: check_meta
+        if isinstance(meta, dict) and "itos" in meta:
+            meta = nanogpt_char_meta(meta, path)
     else:
         return None
-    if not isinstance(meta, dict) or type(meta.get("vocab_size")) is not int or meta["vocab_size"] <= 0:
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} holds a {type(meta).__name__}, not a dict of metadata; "
+                        f"re-run the dataset's prepare.py")
+    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] <= 0:
         raise UserError(f"{path} has no positive integer vocab_size; re-run the dataset's prepare.py")
     meta.setdefault("tokenizer", "char" if "itos" in meta else "gpt2")
     meta.setdefault("dtype", "uint16")
@@ -112,6 +114,28 @@ def read_meta(data_dir):
     return meta
 
 
+def nanogpt_char_meta(meta, path):
+    """nanoGPT's character meta.pkl ({'vocab_size', 'itos': {id: char}, 'stoi': {char: id}}) in meta.json's
+    layout. itos may also be a list (the index is the id); check_meta then checks the rest."""
+    def bad(what):
+        raise UserError(f"{path}: {what}; re-run the dataset's prepare.py")
+    itos = meta["itos"]
+    if isinstance(itos, dict):
+        if not all(type(i) is int and i >= 0 for i in itos):
+            bad(f"itos's keys must be token ids (ints from 0), not {sorted(map(repr, itos))[:5]}")
+        vocab = meta.get("vocab_size")
+        missing = next((i for i in range(max(len(itos), vocab if type(vocab) is int else 0)) if i not in itos), None)
+        if missing is not None:
+            bad(f"itos has no character for id {missing}: it needs one single character for each id from 0")
+        itos = [itos[i] for i in range(len(itos))]  # the keys are exactly 0..len-1 now
+    elif not isinstance(itos, list):
+        bad(f"itos is a {type(itos).__name__}, neither {{id: character}} (nanoGPT's) nor a list of characters")
+    out = {"tokenizer": "char", "vocab_size": meta.get("vocab_size"), "itos": itos}
+    if "stoi" in meta:
+        out["stoi"] = meta["stoi"]  # check_meta checks that it is itos's inverse
+    return out
+
+
 TOKENIZERS = ("char", "gpt2", "hf")  # what meta.json's "tokenizer" may say (gpt/tokenizer.py reads each)
 GPT2_VOCAB = 50257  # GPT-2 BPE's tokens, <|endoftext|> included
 
@@ -123,10 +147,12 @@ def check_meta(meta, path):
     def bad(what):
         raise UserError(f"{path}: {what}; re-run the dataset's prepare.py")
     kind, vocab = meta["tokenizer"], meta["vocab_size"]
-    if kind not in TOKENIZERS:
+    if not isinstance(kind, str) or kind not in TOKENIZERS:
         bad(f"unknown tokenizer {kind!r} (known: {', '.join(TOKENIZERS)})")
-    if meta["dtype"] not in DTYPES:
+    if not isinstance(meta["dtype"], str) or meta["dtype"] not in DTYPES:
         bad(f"unknown dtype {meta['dtype']!r} (known: {', '.join(DTYPES)})")
+    if not isinstance(meta.get("tokenizer_file", ""), str) or not isinstance(meta.get("tokenizer_json", ""), str):
+        bad("tokenizer_file and tokenizer_json, where given, must be text")
     if vocab - 1 > np.iinfo(DTYPES[meta["dtype"]]).max:
         bad(f"vocab_size {vocab} does not fit dtype {meta['dtype']}")
     if kind == "gpt2" and vocab != GPT2_VOCAB:
@@ -257,7 +283,7 @@ def prepare_choices():
 
 def prepare_hint(dataset):
     """The command that prepares `dataset`, or the choices when it has no prepare script (or is '')."""
-    if dataset and os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
+    if is_dataset_name(dataset) and os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
     if not prepare_choices():
         return "the prepare.py of a dataset in the checkout's data/ folder"
@@ -265,8 +291,18 @@ def prepare_hint(dataset):
 
 
 def dataset_dir(dataset):
-    """data/<dataset> in the repository, beside train.py (where nanoGPT keeps datasets too)."""
+    """data/<dataset> in the repository, beside train.py (where nanoGPT keeps datasets too). The name is a
+    plain folder name: it also comes from checkpoints, whose recorded name must not read from elsewhere."""
+    if not is_dataset_name(dataset):
+        raise UserError(f"dataset {dataset!r} (a setting, or the one a checkpoint records) is not the name of a "
+                        f"folder in data/: it must be a plain name like 'shakespeare_char', without '/', '..' or an "
+                        f"absolute path (train.py takes a folder elsewhere as --data_dir)")
     return os.path.join(REPO, "data", dataset)
+
+
+def is_dataset_name(dataset):
+    return (isinstance(dataset, str) and dataset not in ("", ".", "..") and "\0" not in dataset
+            and not any(sep and sep in dataset for sep in (os.sep, os.altsep, "/")))
 
 
 def make_out_dir(path):
@@ -277,6 +313,26 @@ def make_out_dir(path):
         raise UserError(f"--out_dir {path} is a file, not a folder: choose another --out_dir") from None
     except OSError as e:
         raise UserError(f"cannot create --out_dir {path} ({e.strerror or e}): choose another --out_dir") from None
+
+
+def check_output_file(path, option, make_folder=False):
+    """One line, before any work, when a script could not write its output file `path` (the value of
+    `option`): a folder there, its folder missing (with make_folder the script makes it, so the nearest
+    existing one must be a folder), or no permission to write."""
+    path = os.fspath(path)
+    if not path:
+        raise UserError(f"{option} is empty: name the file to write")
+    if os.path.isdir(path):
+        raise UserError(f"{option}={path} is a folder: name the file to write (it may be in that folder)")
+    folder = os.path.dirname(os.path.abspath(path))
+    while make_folder and not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        problem = "is not a folder" if os.path.lexists(folder) else "does not exist"
+        raise UserError(f"{option}={path}: its folder {folder} {problem}: create it or choose another {option}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"{option}={path} cannot be written (no permission): choose another {option}")
+    return path
 
 
 def dataset_label(dataset, data_dir=""):

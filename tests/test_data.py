@@ -256,7 +256,7 @@ def test_meta_pkl_with_a_gap_and_meta_json_folder_are_one_line(tmp_path):
     import pickle
     with open(tmp_path / "meta.pkl", "wb") as f:  # nanoGPT's layout, id 2 missing
         pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b"}, "stoi": {"a": 0, "b": 1}}, f)
-    with pytest.raises(UserError, match="single characters"):
+    with pytest.raises(UserError, match="no character for id 2"):
         read_meta(str(tmp_path))
     os.makedirs(tmp_path / "meta.json")
     with pytest.raises(UserError, match="is a folder"):
