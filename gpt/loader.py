@@ -15,9 +15,12 @@ SequentialShards is build-nanogpt's loader over token shards (data.open_shard: l
 build-nanogpt's own .npy ones, found by data.list_shards in the same folder): it walks the shards in
 order, each step taking the next batch_size*block_size*world_size tokens, rank r the r-th slice of them, so
 over an epoch every token is read once by one rank. Its state is a position (shard, offset, epoch), also the
-same on every rank.
+same on every rank, with the shards' names and token counts: resumed on other files, it stops with one line.
+
+Both read the data they checked when the run started (TokenFile).
 """
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -35,11 +38,29 @@ def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
     if len(data) < block_size + 1:
         raise UserError(f"{path} has {len(data)} tokens, too few for block_size={block_size} "
                         f"(need at least {block_size + 1}): lower block_size or use more data")
+    check_width(data, dtype, vocab_size, path)
     # ids past the model's vocabulary would index out of the embedding (a cryptic device-side assert on GPU).
-    # Scan files up to 100M tokens whole (a fraction of a second); the loaders check every batch anyway.
-    if len(data) <= 100_000_000:
-        check_ids(data, vocab_size, path)
+    # Scan files up to 100M tokens whole (a fraction of a second), the start of larger ones; the loaders check
+    # every batch anyway.
+    check_ids(data if len(data) <= 100_000_000 else data[:HEAD], vocab_size, path)
     return path
+
+
+HEAD = 1_000_000  # tokens at the start of a file that tell its width
+
+
+def check_width(data, dtype, vocab_size, path):
+    """A .bin file says nothing of its token width, and one of the other width reads as other ids, often
+    silently: uint32 ids read as uint16 are each id followed by a 0 (little-endian), which ids below the
+    vocabulary let pass; uint16 ids read as uint32 fuse in pairs into ids past it. The file's start tells."""
+    head = np.asarray(data[:HEAD])
+    fix = ("set \"dtype\" in the dataset's meta.json to what its prepare script wrote (without meta.json "
+           "it is uint16), or prepare it again")
+    if dtype == "uint16" and len(data) % 2 == 0 and len(head) >= 64 and head[::2].any() and not head[1::2].any():
+        raise UserError(f"{path} looks like uint32 tokens read as uint16 (every second uint16 is 0): {fix}")
+    if dtype == "uint32" and vocab_size and int(head.max()) >= vocab_size > int(head.view(np.uint16).max()):
+        raise UserError(f"{path} looks like uint16 tokens read as uint32 (as uint32 its ids pass vocab_size "
+                        f"{vocab_size}, as uint16 they all fit): {fix}")
 
 
 def check_ids(tokens, vocab_size, path):
@@ -62,12 +83,54 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
                          micro_steps)
 
 
+class TokenFile:
+    """A token file mapped once for the whole run (read-only), with a descriptor of the same file. A run reads
+    the data it checked when it started: a file replaced by renaming a new one over it (what prepare scripts
+    do) goes on being read from the file mapped here, and one changed in place is caught by check() - reading
+    past the end of a mapped file that was cut short would kill the process (SIGBUS), not raise.
+    nanoGPT re-created its memmap every batch because a long-lived one seemed to leak: its resident size grows
+    as windows are read. Those pages are the page cache's, though, clean copies of a read-only file that the
+    kernel shares and drops under memory pressure, not memory the process holds, so one mapping is bounded."""
+
+    def __init__(self, path, open_fn):
+        self.path, self.tokens = path, open_fn(path)  # open_fn checks the file first: one line if it is bad
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise UserError(f"{path} cannot be read ({e.strerror or e}): check its permissions") from None
+        weakref.finalize(self, os.close, fd)
+        self.fd, self.stat = fd, os.fstat(fd)
+
+    def check(self):
+        now = os.fstat(self.fd)
+        if (now.st_size, now.st_mtime_ns) != (self.stat.st_size, self.stat.st_mtime_ns):
+            raise UserError(f"{self.path} was changed in place while the run read it ({self.stat.st_size:,} bytes "
+                            f"at the start, {now.st_size:,} now): put the data back and resume; to change a "
+                            f"dataset under a running run, rename the new file over the old one (mv), which the "
+                            f"run does not see")
+        return self.tokens
+
+
+def files_changed(was, now):
+    return UserError(f"the dataset's files changed since the checkpoint: its run read {was}, this one would read "
+                     f"{now}; put back the files the run trained on, or start a new run")
+
+
+def describe_shards(shards):
+    """[(name, tokens), ...] in a few words: '3 shards (a_000001.bin to a_000003.bin, 1,500 tokens)'."""
+    names, total = [name for name, _ in shards], sum(n for _, n in shards)
+    if len(names) == 1:
+        return f"shard {names[0]} ({total:,} tokens)"
+    return f"{len(names)} shards ({names[0]} to {names[-1]}, {total:,} tokens)" if names else "no shards"
+
+
 class RandomWindows:
 
     def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
                  world_size=1, micro_steps=1):
         self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
         self.device, self.dtype = torch.device(device), dtype
+        self.file = TokenFile(path, lambda p: open_tokens(p, dtype))
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
         self.world_size, self.micro_steps = world_size, micro_steps
         self.batches = 0  # micro-batches this rank has drawn so far
@@ -80,8 +143,7 @@ class RandomWindows:
         return step, first, first + self.batch_size
 
     def next_batch(self):
-        # re-create the memmap every batch: a long-lived one keeps growing the process's memory
-        data = open_tokens(self.path, self.dtype)
+        data = self.file.check()
         step, first, last = self.windows(self.batches)
         rng = np.random.default_rng([self.seed, self.stream, 0, step])
         self.batches += 1
@@ -98,9 +160,18 @@ class RandomWindows:
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
-        return {"batches": max(self.batches - 1, 0), "world_size": self.world_size, "micro_steps": self.micro_steps}
+        return {"batches": max(self.batches - 1, 0), "world_size": self.world_size, "micro_steps": self.micro_steps,
+                "file": os.path.basename(self.path), "tokens": len(self.file.tokens)}
+
+    def describe(self):
+        return f"{os.path.basename(self.path)} ({len(self.file.tokens):,} tokens)"
 
     def load_state_dict(self, state):
+        if "shard" in state:  # a position in token shards: the folder held shards then
+            raise files_changed(describe_shards(state.get("shards", [])), self.describe())
+        if state.get("tokens", len(self.file.tokens)) != len(self.file.tokens):
+            print(f"note: the checkpoint's run read {state.get('file', 'a file')} of {state['tokens']:,} tokens, "
+                  f"this one {self.describe()}: the resumed run draws its windows from the file as it is now")
         # a run resumed with another split of the global batch (processes, micro-steps) goes on at the step the
         # saved one reached: a checkpoint is written between steps. An older checkpoint has no micro_steps (nor,
         # older still, world_size): its batches were counted per rank and micro-step at one micro-step per step
@@ -120,23 +191,39 @@ class SequentialShards:
         self.device, self.rank, self.world_size = torch.device(device), rank, world_size
         self.vocab_size = vocab_size
         self.step = batch_size * block_size * world_size  # tokens all ranks consume together per batch
+        self.shards, self.files = [], []  # (name, tokens) of each shard; os.stat of each when checked
         for path in self.paths:
             # every rank must find its window (block_size+1 tokens per row) in every shard
             n = len(open_shard(path))
             if n < self.step + 1:
                 raise UserError(f"{path} has {n} tokens, too few for one batch on all ranks (batch_size*block_size*"
                                 f"world_size+1 = {self.step + 1}): lower batch_size or block_size, or remove the shard")
+            self.shards.append((os.path.basename(path), n))
+            self.files.append(os.stat(path))
         self.shard, self.offset, self.epoch = 0, 0, 0  # where the next batch is drawn from (if it fits)
         self.drawn = None  # (shard, offset, epoch) of the latest batch returned; None before the first
+        self.open = None, None  # (shard, TokenFile) being read: one mapped at a time, however many shards
+
+    def tokens(self, shard):
+        """The shard's tokens, mapped once while it is read: the file checked when the run started, else one line."""
+        if self.open[0] != shard:
+            self.open = None, None  # the previous shard's mapping goes first
+            opened = TokenFile(self.paths[shard], open_shard)
+            was, now = self.files[shard], opened.stat
+            if (was.st_ino, was.st_size, was.st_mtime_ns) != (now.st_ino, now.st_size, now.st_mtime_ns):
+                raise UserError(f"{opened.path} changed since the run started ({was.st_size:,} bytes then, "
+                                f"{now.st_size:,} now): a run reads the shards it checked at its start; put the "
+                                f"shard back and resume")
+            self.open = shard, opened
+        return self.open[1].check()
 
     def next_batch(self):
-        # re-create the memmap every batch: a long-lived one keeps growing the process's memory
-        data = open_shard(self.paths[self.shard])
+        data = self.tokens(self.shard)
         if self.offset + self.step + 1 > len(data):  # the window does not fit for every rank: next shard
             self.shard, self.offset = self.shard + 1, 0
             if self.shard == len(self.paths):
                 self.shard, self.epoch = 0, self.epoch + 1
-            data = open_shard(self.paths[self.shard])
+            data = self.tokens(self.shard)
         self.drawn = (self.shard, self.offset, self.epoch)
         B, T = self.batch_size, self.block_size
         start = self.offset + self.rank * B * T
@@ -154,9 +241,15 @@ class SequentialShards:
         # The position that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
         shard, offset, epoch = self.drawn or (self.shard, self.offset, self.epoch)
-        return {"shard": shard, "offset": offset, "epoch": epoch}
+        return {"shard": shard, "offset": offset, "epoch": epoch, "shards": [list(s) for s in self.shards]}
 
     def load_state_dict(self, state):
+        if "batches" in state:  # RandomWindows' state: the folder held train.bin / val.bin then
+            raise files_changed(f"{state.get('file', 'train.bin')}" + (f" ({state['tokens']:,} tokens)"
+                                if "tokens" in state else ""), describe_shards(self.shards))
+        saved = [tuple(s) for s in state.get("shards", self.shards)]  # older checkpoints do not list them
+        if saved != self.shards:
+            raise files_changed(describe_shards(saved), describe_shards(self.shards))
         if not 0 <= state["shard"] < len(self.paths):
             raise UserError(f"the checkpoint's data position is in shard {state['shard']}, but there are only "
                             f"{len(self.paths)} shards: the dataset is not the one the run was trained on")

@@ -95,13 +95,20 @@ def test_resume_starts_with_the_pending_batch(tmp_path, k):
     assert [loader.epoch for loader in resumed] == [loader.epoch for loader in original]
 
 
+def position(loader):
+    return {k: loader.state_dict()[k] for k in ("shard", "offset", "epoch")}
+
+
 def test_state_before_first_batch(tmp_path):
-    (loader,) = loaders(make_shards(tmp_path), world_size=1)
-    assert loader.state_dict() == {"shard": 0, "offset": 0, "epoch": 0}
+    paths = make_shards(tmp_path)
+    (loader,) = loaders(paths, world_size=1)
+    assert position(loader) == {"shard": 0, "offset": 0, "epoch": 0}
     loader.next_batch()
-    assert loader.state_dict() == {"shard": 0, "offset": 0, "epoch": 0}
+    assert position(loader) == {"shard": 0, "offset": 0, "epoch": 0}
     loader.next_batch()
-    assert loader.state_dict() == {"shard": 0, "offset": B * T, "epoch": 0}
+    assert position(loader) == {"shard": 0, "offset": B * T, "epoch": 0}
+    # the state also names the shards it counts in, so a resume on other files is caught
+    assert loader.state_dict()["shards"] == [[os.path.basename(p), n] for p, n in zip(paths, LENGTHS)]
 
 
 def test_loader_errors(tmp_path):
@@ -154,7 +161,7 @@ def test_random_windows_resume_on_another_split(tmp_path):
     for _ in range(5):  # 2 steps of 2 micro-batches used, the 5th fetched and not yet used (as train.py holds one)
         saved.next_batch()
     state = saved.state_dict()
-    assert state == {"batches": 4, "world_size": 1, "micro_steps": 2}
+    assert state == {"batches": 4, "world_size": 1, "micro_steps": 2, "file": "train.bin", "tokens": 5000}
     resumed = [RandomWindows(str(path), B, T, "cpu", "uint32", 3, r, 0, None, 2) for r in (0, 1)]
     for r in resumed:
         r.load_state_dict(state)
