@@ -18,6 +18,9 @@ import torch._functorch.config
 
 import configurator
 from gpt import errors, generation, hardware, settings, stepgraph
+from gpt.step import set_lr, train_step
+from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
+from gpt.loader import check_ids, check_split
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -31,6 +34,7 @@ bias = False
 dropout = 0.0
 real_data = False  # True: windows of data/<dataset>/train.bin; False: random tokens
 dataset = 'openwebtext'
+data_dir = ''  # real_data from this folder instead of data/<dataset>
 learning_rate = 6e-4
 weight_decay = 1e-1
 grad_clip = 1.0
@@ -54,6 +58,32 @@ out_json = 'bench.json'
 errors.install()
 config = configurator.apply(globals(), sys.argv[1:])
 settings.check_bench(config)  # values that are the right type but make no sense: one line each
+
+
+def profile_path(B):
+    return f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
+
+
+def real_tokens():
+    """train.bin of data/<dataset> or data_dir (its first shard, for a sharded dataset), checked as train.py
+    checks it."""
+    folder, meta, hint = find_dataset(dataset, data_dir)
+    shards = list_shards(folder, 'train')
+    if not shards:
+        token_dtype = (meta or {}).get('dtype', 'uint16')
+        return open_tokens(check_split(folder, 'train', block_size, vocab_size, token_dtype, hint), token_dtype)
+    tokens = open_shard(shards[0])
+    if len(tokens) < block_size + 1:
+        raise errors.UserError(f"{shards[0]} has {len(tokens)} tokens, too few for block_size={block_size}")
+    check_ids(tokens, vocab_size, shards[0])
+    return tokens
+
+
+# the results' files and the data are checked before the benchmark, not found wanting after it
+check_output_file(out_json, "--out_json")
+for B in [int(b) for b in batch_sizes.split(',') if b.strip()] if profile else []:
+    check_output_file(profile_path(B), "--out_json's profile file")
+data = real_tokens() if real_data else None
 # -----------------------------------------------------------------------------
 
 device = hardware.resolve_device(device)
@@ -75,8 +105,6 @@ def sync():
 def batches(B):
     """An endless supply of (x, y) batches, real or random, already on the device."""
     g = torch.Generator().manual_seed(seed)
-    if real_data:
-        data = np.memmap(os.path.join('data', dataset, 'train.bin'), dtype=np.uint16, mode='r')
     while True:
         if real_data:
             ix = torch.randint(len(data) - block_size, (B,), generator=g).tolist()
@@ -88,18 +116,6 @@ def batches(B):
         yield xy[:, :-1], xy[:, 1:]
 
 
-def train_step(step_model, optimizer, model, data):
-    x, y = next(data)
-    with ctx:
-        _, loss = step_model(x, y)
-    loss.backward()
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss
-
-
 def write_profile(B, step):
     """Where a step's GPU time goes: torch.profiler's table of kernels, largest total first."""
     from torch.profiler import ProfilerActivity, profile
@@ -109,7 +125,7 @@ def write_profile(B, step):
             step()
         sync()
     sort = 'cuda_time_total' if device_type == 'cuda' else 'cpu_time_total'
-    path = f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
+    path = profile_path(B)
     with open(path, 'w') as f:
         f.write(prof.key_averages().table(sort_by=sort, row_limit=80, max_name_column_width=90))
     print(f"wrote {path} (3 steps)")
@@ -143,17 +159,16 @@ def bench_train(B):
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
     if cuda_graph:  # the same step, replayed from a graph
-        graph = stepgraph.StepGraph(step_model, optimizer, ctx, grad_clip, 1, B, block_size, device)
-        batch = next(data)
+        graph = stepgraph.StepGraph(step_model, optimizer, ctx, grad_clip, 1, B, block_size, device, scaler=scaler)
+        set_lr(optimizer, learning_rate)
 
         def step():
-            nonlocal batch
-            *batch, loss, _ = graph.run(*batch, lambda: next(data), learning_rate)
-            return loss
+            return graph.run([next(data)])[0]
     else:
-        def step():
-            return train_step(step_model, optimizer, model, data)
+        def step():  # train.py's step (gpt/step.py), one micro-step
+            return train_step(step_model, optimizer, scaler, [next(data)], 1, ctx, grad_clip)[0]
     if device_type == 'cuda':
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -220,9 +235,6 @@ for B in [int(b) for b in gen_batch_sizes.split(',') if b.strip()]:
     r = bench_generate(B)
     results['generate'].append(r)
     print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)
-with open(out_json, 'w') as f:
-    json.dump(results, f, indent=1)
-
 print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
       f"cuda_graph {cuda_graph}, git {results['git']}")
 print("| micro-batch | ms/step | tokens/s | MFU | peak memory |")
@@ -237,4 +249,9 @@ if results['generate']:
     for r in results['generate']:
         print(f"| {r['batch_size']} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} | {r['cuda_graph']} "
               f"| {r['greedy_matches_uncached']} |")
+try:  # after the table, so that a write that fails anyway (a full disk) leaves the numbers on the screen
+    with open(out_json, 'w') as f:
+        json.dump(results, f, indent=1)
+except OSError as e:
+    raise errors.UserError(f"could not write {out_json} ({e.strerror or e}); the results are the table above")
 print(f"wrote {out_json}")
