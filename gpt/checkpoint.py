@@ -564,18 +564,54 @@ def save_sharded(out_dir, model, optimizer, train_state, before_replace=None):
     dist.barrier()
 
 
-def sharded_checkpoint(out_dir):
-    """The sharded checkpoint's folder, or None. A crash between the two renames of save_sharded leaves
-    only the .old folder, which is then the latest whole checkpoint."""
+def sharded_checkpoint(out_dir, required=False):
+    """The sharded checkpoint's folder, or None (required: one line saying what is there instead). A crash
+    between the two renames of save_sharded leaves only the .old folder, then the latest whole checkpoint."""
     for name in (DCP_DIR, DCP_DIR + ".old"):
         path = os.path.join(out_dir, name)
         if os.path.exists(os.path.join(path, TRAIN_STATE)):
             return path
-    return None
+    if not required:
+        return None
+    folder = os.path.join(out_dir, DCP_DIR)
+    if not os.path.isdir(out_dir):
+        problem = "is not a folder" if os.path.exists(out_dir) else "does not exist"
+        raise UserError(f"out_dir {out_dir} {problem}: point --out_dir at the folder of a parallelism=fsdp run")
+    if os.path.isdir(folder):
+        raise UserError(f"{folder} is not a whole sharded checkpoint: it has no {TRAIN_STATE}, which a save "
+                        f"writes last; copy the whole folder again, or use an earlier checkpoint")
+    there = f"{folder} is not a folder" if os.path.exists(folder) else f"it has no {DCP_DIR}/ folder"
+    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        there += ", and its ckpt.pt needs no conversion (sample.py reads it as it is)"
+    raise UserError(f"no sharded checkpoint in {out_dir}: {there}; parallelism=fsdp runs write one")
 
 
 def load_train_state(path):
-    return safe_load(os.path.join(path, TRAIN_STATE))
+    """A sharded checkpoint's training state, after checking the folder is whole: DCP's .metadata, weights of
+    the model in it, and every shard file it names, as long as it says. A folder copied in part or cut short
+    would otherwise fail deep in torch.distributed.checkpoint's reader (or only after the conversion's work)."""
+    import torch.distributed.checkpoint as dcp
+    fix = "copy the whole folder again (.metadata and every __*.distcp file), or use an earlier checkpoint"
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - missing, unreadable or not DCP's: the folder's fault either way
+        raise UserError(f"{path} is not a whole sharded checkpoint: its .metadata cannot be read "
+                        f"({type(e).__name__}: {str(e)[:100]}); {fix}") from None
+    if not any(key.startswith("model.") for key in metadata.state_dict_metadata):
+        raise UserError(f"{path} is not a sharded checkpoint of a model: its .metadata lists no model weights")
+    needed = {}  # each shard file's least size: the end of the last tensor it holds
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        file = os.path.join(path, name)
+        have = os.path.getsize(file) if os.path.isfile(file) else None
+        if have is None or have < size:
+            problem = "is missing" if have is None else f"is cut short ({have:,} of {size:,} bytes)"
+            raise UserError(f"{path} is not a whole sharded checkpoint: its shard file {name} {problem}; {fix}")
+    state = safe_load(os.path.join(path, TRAIN_STATE))
+    if not isinstance(state, dict) or "model_args" not in state:
+        raise UserError(f"{os.path.join(path, TRAIN_STATE)} holds no training state (no model_args); {fix}")
+    return state
 
 
 def load_sharded(path, model, optimizer):
@@ -591,19 +627,27 @@ def load_sharded(path, model, optimizer):
 def convert_sharded(out_dir):
     """Turn out_dir's sharded checkpoint into one ckpt.pt beside it (weights and training state; the
     optimizer state stays behind: in DCP it is keyed by parameter name, not torch.optim's layout).
-    Runs in one process, no GPU needed. Returns the path written, or None when the save failed."""
+    Runs in one process, no GPU needed. Everything is checked before the work: the checkpoint whole, ckpt.pt's
+    place writable. Returns the path written, or None when the save failed."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    path = sharded_checkpoint(out_dir)
-    if path is None:
-        raise UserError(f"no sharded checkpoint in {out_dir} (looked for {DCP_DIR}/{TRAIN_STATE})")
+    path, target = sharded_checkpoint(out_dir, required=True), os.path.join(out_dir, 'ckpt.pt')
+    if os.path.isdir(target):
+        raise UserError(f"{target} is a folder: move it aside, the conversion writes the checkpoint there")
+    rundir.check_writable(out_dir)
     state = load_train_state(path)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        dcp_to_torch_save(path, os.path.join(tmp, 'full.pt'))  # gathers every rank's shards
+        try:
+            dcp_to_torch_save(path, os.path.join(tmp, 'full.pt'))  # gathers every rank's shards
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - whole in size, yet the bytes do not decode
+            cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+            # the cause's name only: torch's text for a refused unpickling advises loading unsafely
+            raise UserError(f"{path}: its shards could not be read ({type(cause).__name__}), they are damaged; "
+                            f"copy the whole folder again, or use an earlier checkpoint") from None
         full = torch.load(os.path.join(tmp, 'full.pt'), map_location='cpu', weights_only=True)
     ckpt = {**state, 'model': full['model']}
     model_from_checkpoint(ckpt, path)  # check that the weights make the model its model_args describe
-    target = os.path.join(out_dir, 'ckpt.pt')
     if not save_checkpoint(ckpt, target):
         return None
-    print(f"wrote {target} (step {state['iter_num']}; weights only, without the optimizer state)")
+    print(f"wrote {target} (step {state.get('iter_num')}; weights only, without the optimizer state)")
     return target
