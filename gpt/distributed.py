@@ -91,6 +91,35 @@ def launch(environ, gpus):
     return rank, local_rank, world_size
 
 
+def check_backend(backend, device_type):
+    """One line, before init_process_group (which fails later with a traceback, or on another rank), for a
+    backend this torch cannot start or that has nothing for the run's device. A backend is a name ('nccl',
+    'gloo', 'mpi', ... as this torch was built) or one per device ('cpu:gloo,cuda:nccl'); '' picks for you."""
+    if not backend:
+        return
+    usable = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake") and dist.is_backend_available(b)]
+    how = (f"this torch can use {', '.join(usable) or 'none'}, or one per device like 'cpu:gloo,cuda:nccl'; "
+           f"backend='' picks nccl on GPUs, gloo on CPUs")
+    name = backend.lower()
+    if ":" in name:
+        pairs = [part.partition(":")[::2] for part in name.split(",")]
+    else:  # the devices torch says the backend serves
+        pairs = [(d, name) for d in dist.Backend.backend_capability.get(name, [device_type])]
+    for dev, each in pairs:
+        if not _is_device_type(dev) or not each or not dist.is_backend_available(each):
+            what = f"{each!r} for device {dev!r}" if ":" in name else "that"
+            raise UserError(f"backend={backend!r}: {what} is not a backend this torch can start: {how}")
+    if device_type in ("cpu", "cuda") and device_type not in dict(pairs):
+        raise UserError(f"backend={backend!r} has nothing for this run's device ({device_type}): {how}")
+
+
+def _is_device_type(name):
+    try:
+        return torch.device(name).type == name
+    except RuntimeError:
+        return False
+
+
 def init_process(device, backend, timeout_minutes):
     """Under torchrun, join the process group, each process on the GPU of its local rank. Returns (under
     torchrun?, rank, local rank, world size, this process's device); one process alone is rank 0 of 1."""
@@ -99,6 +128,7 @@ def init_process(device, backend, timeout_minutes):
     if ranks is None:
         return False, 0, 0, 1, device
     rank, local_rank, world_size = ranks
+    check_backend(backend, device.split(":")[0])
     if cuda:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
