@@ -18,9 +18,9 @@ import torch._functorch.config
 
 import configurator
 from gpt import errors, generation, hardware, settings, stepgraph
-from gpt.step import set_lr, train_step
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
 from gpt.loader import check_ids, check_split
+from gpt.step import set_lr, train_step
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------

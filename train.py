@@ -147,9 +147,9 @@ if master_process:
         print(f"eval_only: the losses are printed; nothing is written to {out_dir}")
     print(f"tokens per iteration will be: {run.tokens_per_iter:,}")
 dashboard_server = None
-if dashboard and master_process:  # its port is taken now: one in use is refused before out_dir is touched
+if dashboard and master_process and run.writes:  # the port is taken now: one in use is refused here
     from gpt import dashboard as live_page
-    dashboard_server = live_page.make_server(out_dir, dashboard_port)
+    dashboard_server = live_page.make_server(out_dir, dashboard_port, training=True)
 
 # -----------------------------------------------------------------------------
 # side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
@@ -248,6 +248,11 @@ def print_samples():
     log.write(kind='sample', step=iter_num, tokens=run.tokens_at(iter_num), time=elapsed(), samples=texts)
 
 
+def best():
+    """The best val loss of the run, None before its first evaluation."""
+    return best_val_loss if best_val_loss < 1e9 else None
+
+
 def micro_batches():
     """This step's micro-batches. The loop always holds the next batch: each is read (and copied to the GPU,
     asynchronously) while the GPU still runs the work before it."""
@@ -268,7 +273,7 @@ if wandb_log and master_process:
     log.wandb = start_wandb(wandb_project, wandb_run_name, config, state['wandb_run_id'])  # gets every log row
     state['wandb_run_id'] = log.wandb.id
 if dashboard_server is not None:
-    live_page.serve(dashboard_server, training=True)
+    live_page.start(dashboard_server)
 
 # training loop
 if claim is not None:
@@ -357,22 +362,24 @@ while True:
     if stop.requested(device):
         saved = save()
         log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(),
-                time.time() - _launch_time, stopped=True, best_val_loss=best_val_loss,
-                checkpoint=saver.good[0] if saved else None,
-                next_command=f"the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else None)
-        if master_process and not saved:  # a skipped or failed save must not be taken for one that can be resumed
-            print(f"stopped at iteration {iter_num}; its checkpoint was not written, so --init_from=resume would "
-                  f"not start here: {saver.last_good()}")
+                time.time() - _launch_time, stopped=True, best_val_loss=best(),
+                checkpoint=saver.good[0] if saved else None)
+        if master_process:  # a skipped or failed save must not be taken for one that can be resumed
+            print(f"stopped at iteration {iter_num}; " + (
+                f"continue with the same command plus --init_from=resume (and --out_dir={out_dir})" if saved else
+                f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
+        if dashboard_server is not None:
+            dashboard_server.finish()
         if run.torchrun:
             del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
             distributed.finish()
         sys.exit(stop.exit_code)
 
 log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
-        best_val_loss=best_val_loss, checkpoint=saver.good[0] if saver.good else None,
+        best_val_loss=best(), checkpoint=saver.good[0] if saver.good else None,
         next_command=f"python sample.py --out_dir={out_dir}" if saver.good else None)
 if dashboard_server is not None:
-    live_page.finish(dashboard_server)  # a page that is open reads the run's last rows before the server ends
+    dashboard_server.finish()  # a page that is open reads the run's last rows before the server ends
 if run.torchrun:
     del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
     distributed.finish()

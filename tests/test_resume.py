@@ -131,3 +131,56 @@ def test_every_setting_is_in_the_table_once():
               set(GPTConfig.fields_of(ARCHITECTURE)) | set(GPTConfig.fields_of(INITIALISATION))]
     assert sum(map(len, groups)) == len(set().union(*groups))  # none in two groups
     assert set(train_settings()) <= set().union(*groups)
+
+
+def test_a_checkpoint_without_optimizer_state_resumes_saying_so(first_run, tmp_path):
+    import torch
+    out = tmp_path / "weights-only"
+    shutil.copytree(first_run[0], out)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    del ckpt["optimizer"]
+    torch.save(ckpt, out / "ckpt.pt")
+    stdout = train(*first_run[1], f"--out_dir={out}", "--init_from=resume", f"--max_iters={START + 1}")
+    assert "holds weights without optimizer state" in stdout and "moments start afresh" in stdout
+
+
+def test_of_two_checkpoints_the_newest_wins_or_the_run_is_refused_naming_both(first_run, tmp_path):
+    """A sharded checkpoint newer than ckpt.pt: ddp cannot read it, so it is refused, naming both (sample.py and
+    export too), rather than resumed from the older ckpt.pt."""
+    import torch
+
+    from gpt import checkpoint
+    out = tmp_path / "both"
+    shutil.copytree(first_run[0], out)
+    (out / checkpoint.DCP_DIR).mkdir()
+    torch.save({"iter_num": START + 5}, out / checkpoint.DCP_DIR / checkpoint.TRAIN_STATE)
+    with pytest.raises(errors.UserError, match=r"newest checkpoint is the sharded .*ckpt_dcp.*convert_checkpoint"):
+        train(*first_run[1], f"--out_dir={out}", "--init_from=resume", f"--max_iters={START + 1}")
+    with pytest.raises(errors.UserError, match=r"ckpt_dcp .*is newer than .*ckpt.pt"):
+        checkpoint.load_model("resume", str(out))
+    (out / "ckpt.pt").touch()  # ckpt.pt the newer: it is the run's state
+    assert checkpoint.load_for_resume(str(out), "ddp")["iter_num"] == START
+
+
+@pytest.mark.parametrize("flag, refused", [("--parallelism=foo", "unknown parallelism 'foo'"),
+                                           ("--optimizer=sgd", "unknown optimizer 'sgd'"),
+                                           ("--compile_scope=layers", "compile_scope='layers'"),
+                                           ("--sample_interval=2 --sample_prompt=XYZ", "sample_prompt='XYZ'")])
+def test_a_run_the_plan_refuses_touches_nothing(datasets, tmp_path, flag, refused):
+    out = tmp_path / "new"
+    with pytest.raises(errors.UserError, match=refused):
+        train(*flags(**BASE, data_dir=datasets[0], out_dir=out), *flag.split())
+    assert not out.exists()
+
+
+def test_the_plan_records_what_runs_not_what_was_asked(datasets, tmp_path):
+    """cuda_graph=True on a CPU is off, and the plan, the log and the checkpoint say so."""
+    import torch
+    out = tmp_path / "asked"
+    stdout = train(*flags(**{**BASE, "max_iters": 1}, data_dir=datasets[0], out_dir=out, cuda_graph=True))
+    assert "cuda_graph: off (needs a CUDA GPU, not cpu)" in stdout
+    row = log_rows(out, "plan")[0]
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    assert row["cuda_graph"] is False and row["settings"]["cuda_graph"] is False
+    assert ckpt["config"]["cuda_graph"] is False and ckpt["plan"]["cuda_graph"] is False
+    assert row["optimizer"]["name"] == "adamw" and row["optimizer"]["betas"] == [0.9, 0.95]
