@@ -361,3 +361,56 @@ def test_signal_stop_whose_save_fails_does_not_say_resume(data_dir, tmp_path):
     (stopped,) = [line for line in stdout.splitlines() if line.startswith("stopped at iteration")]
     assert "--init_from=resume (and" not in stopped and "not written" in stopped, stopped
     assert "ckpt.pt was not written by this run" in stopped, stopped  # nothing good of this run to go back to
+
+
+def sharded_run(out_dir):
+    """A run folder with a sharded checkpoint as parallelism=fsdp writes one (here from one process)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from model import GPT, GPTConfig
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32, bias=False, dropout=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.distributed is disabled: one process, as intended
+        dcp.save({"model": GPT(GPTConfig(**args)).state_dict()}, checkpoint_id=str(out_dir / "ckpt_dcp"))
+    torch.save({"model_args": args, "iter_num": 3, "config": {}}, out_dir / "ckpt_dcp" / "train_state.pt")
+    return out_dir
+
+
+def test_convert_refuses_what_is_not_a_whole_sharded_checkpoint(tmp_path):
+    import shutil
+
+    from gpt.checkpoint import convert_sharded
+    good = sharded_run(tmp_path / "good")
+    damage = {  # what a copy cut short or a wrong folder leaves, and the words of its line
+        "no_shard": (lambda d: os.remove(d / "__0_0.distcp"), "shard file __0_0.distcp is missing"),
+        "cut_shard": (lambda d: os.truncate(d / "__0_0.distcp", 100), "__0_0.distcp is cut short (100 of"),
+        "no_metadata": (lambda d: os.remove(d / ".metadata"), "its .metadata cannot be read"),
+        "no_train_state": (lambda d: os.remove(d / "train_state.pt"), "it has no train_state.pt"),
+        "empty": (lambda d: [os.remove(d / f) for f in os.listdir(d)], "it has no train_state.pt"),
+        "a_file": (lambda d: shutil.rmtree(d) or d.write_text(""), "ckpt_dcp is not a folder"),
+        "no_ckpt_dcp": (lambda d: shutil.rmtree(d), "it has no ckpt_dcp/ folder"),
+    }
+    for name, (spoil, words) in damage.items():
+        out = tmp_path / name
+        shutil.copytree(good, out)
+        spoil(out / "ckpt_dcp")
+        with pytest.raises(UserError) as e:
+            convert_sharded(str(out))
+        assert words in str(e.value), name
+        assert os.listdir(out) == (["ckpt_dcp"] if (out / "ckpt_dcp").exists() else []), name  # nothing written
+    with pytest.raises(UserError, match="does not exist"):
+        convert_sharded(str(tmp_path / "nowhere"))
+    assert convert_sharded(str(good)) == str(good / "ckpt.pt")
+    assert load_checkpoint(str(good / "ckpt.pt"))["iter_num"] == 3
+
+
+def test_a_checkpoints_dataset_name_cannot_read_outside_data(tmp_path):
+    from gpt.checkpoint import load_model
+    from model import GPT, GPTConfig
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32, bias=False, dropout=0.0)
+    torch.save({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "iter_num": 0,
+                "config": {"dataset": "../../etc"}}, tmp_path / "ckpt.pt")  # nanoGPT's: no dataset_meta
+    with pytest.raises(UserError, match="'../../etc' .* is not the name of a folder in data/"):
+        load_model("resume", str(tmp_path))

@@ -279,3 +279,50 @@ def test_rows_without_text_are_skipped_and_counted(docs, tmp_path):
     names = list_shards(str(out), "val") + list_shards(str(out), "train")
     want = np.concatenate([np.array(t) for t in expected_tokens(docs[:10])])
     assert np.array_equal(np.concatenate([open_shard(name) for name in names]), want)
+
+
+def write_pkl(folder, meta):
+    import pickle
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump(meta, f)
+
+
+def test_nanogpt_meta_pkl_with_a_list_itos_reads_as_ids(tmp_path):
+    write_pkl(tmp_path, {"vocab_size": 3, "itos": ["a", "b", "c"], "stoi": {"a": 0, "b": 1, "c": 2}})
+    assert read_meta(str(tmp_path))["itos"] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("meta,words", [
+    ({"vocab_size": 2, "itos": ["a", "b"], "stoi": {"a": 1, "b": 0}}, "stoi is not the inverse of itos"),
+    ({"vocab_size": 2, "itos": {"0": "a", "1": "b"}}, "itos's keys must be token ids"),
+    ({"vocab_size": 2, "itos": {-1: "a", 0: "b"}}, "itos's keys must be token ids"),
+    ({"itos": {0: "a", 1: "b"}}, "no positive integer vocab_size"),
+    ({"vocab_size": 2, "itos": "ab"}, "itos is a str"),
+    ({"vocab_size": 3, "itos": ["a", "b"]}, "vocab_size says 3, but itos has 2"),
+    ([1, 2], "holds a list, not a dict"),
+], ids=["stoi", "str-keys", "negative-key", "no-vocab_size", "str-itos", "short-list", "not-a-dict"])
+def test_malformed_meta_pkl_is_one_line(tmp_path, meta, words):
+    write_pkl(tmp_path, meta)
+    with pytest.raises(UserError, match="meta.pkl") as e:
+        read_meta(str(tmp_path))
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(dtype=["uint16"]), "unknown dtype ['uint16']"),
+    (dict(tokenizer=["char"]), "unknown tokenizer"),
+    (dict(tokenizer="hf", tokenizer_file=3), "tokenizer_file and tokenizer_json"),
+], ids=["list-dtype", "list-tokenizer", "int-tokenizer_file"])
+def test_meta_json_values_of_the_wrong_type_are_one_line(tmp_path, change, words):
+    (tmp_path / "meta.json").write_text(json.dumps({**CHAR_META, **change}))
+    with pytest.raises(UserError, match="meta.json") as e:
+        read_meta(str(tmp_path))
+    assert words in str(e.value)
+
+
+def test_dataset_names_stay_in_data(tmp_path):
+    from gpt.data import REPO, dataset_dir
+    assert dataset_dir("shakespeare_char") == os.path.join(REPO, "data", "shakespeare_char")
+    for name in ["../../x", "/etc", "a/b", "..", "", None]:
+        with pytest.raises(UserError, match="not the name of a folder in data/"):
+            dataset_dir(name)

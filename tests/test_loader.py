@@ -171,3 +171,66 @@ def test_random_windows_resume_on_another_split(tmp_path):
         assert torch.equal(resumed[1].next_batch()[0], one[5 + 2 * n])
 
 
+
+
+def test_a_resume_on_other_files_is_one_line_naming_both(tmp_path):
+    from gpt.loader import RandomWindows
+    np.arange(5000, dtype=np.uint32).tofile(tmp_path / "train.bin")
+    windows = RandomWindows(str(tmp_path / "train.bin"), B, T, "cpu", "uint32")
+    windows.next_batch()
+    os.makedirs(tmp_path / "bins")
+    bins = make_shards(tmp_path / "bins", [100, 500])
+    (shards,) = loaders(bins, world_size=1)
+    shards.next_batch()
+    os.makedirs(tmp_path / "npy")
+    np.save(tmp_path / "npy" / "x_train_000001.npy", np.arange(600, dtype=np.uint16))
+    (npy,) = loaders([str(tmp_path / "npy" / "x_train_000001.npy")], world_size=1)
+    changed = "the dataset's files changed since the checkpoint"
+    with pytest.raises(UserError, match=changed) as e:  # train.bin's state, resumed on shards
+        shards.load_state_dict(windows.state_dict())
+    assert "train.bin (5,000 tokens)" in str(e.value) and "2 shards (synthetic_val_000000.bin to" in str(e.value)
+    with pytest.raises(UserError, match=changed) as e:  # and the other way round
+        windows.load_state_dict(shards.state_dict())
+    assert str(e.value).index("2 shards") < str(e.value).index("train.bin (5,000 tokens)")
+    with pytest.raises(UserError, match=changed) as e:  # .bin shards' state, resumed on .npy shards
+        npy.load_state_dict(shards.state_dict())
+    assert "shard x_train_000001.npy (600 tokens)" in str(e.value)
+    (again,) = loaders(bins[1:], world_size=1)  # a shard less
+    with pytest.raises(UserError, match=changed):
+        again.load_state_dict(shards.state_dict())
+    state = shards.state_dict()
+    del state["shards"]  # an older checkpoint's: the position alone, checked as before
+    again.load_state_dict(state)
+
+
+def test_the_data_is_the_one_checked_at_start(tmp_path):
+    from gpt.loader import RandomWindows
+    path = tmp_path / "train.bin"
+    np.arange(5000, dtype=np.uint32).tofile(path)
+    loader = RandomWindows(str(path), B, T, "cpu", "uint32", 3)
+    same = RandomWindows(str(path), B, T, "cpu", "uint32", 3)
+    np.zeros(5000, dtype=np.uint32).tofile(tmp_path / "new.bin")
+    os.replace(tmp_path / "new.bin", path)  # replaced by rename, as prepare scripts write: not seen
+    assert torch.equal(loader.next_batch()[0], same.next_batch()[0]) and same.next_batch()[0].any()
+    truncated = RandomWindows(str(path), B, T, "cpu", "uint32", 3)
+    os.truncate(path, 1000)  # changed in place: one line, not a crash reading past the file's new end
+    with pytest.raises(UserError, match=r"train.bin was changed in place while the run read it \(20,000 bytes"):
+        truncated.next_batch()
+    paths = make_shards(tmp_path, [100, 500])
+    (shards,) = loaders(paths, world_size=1)
+    write_shard(paths[1], np.arange(400), "uint32")  # the next shard, replaced before the run reaches it
+    with pytest.raises(UserError, match="_000001.bin changed since the run started"):
+        for _ in range(10):
+            shards.next_batch()
+
+
+def test_token_files_of_the_other_width_are_refused(tmp_path):
+    from gpt.loader import check_split
+    np.arange(1000, dtype=np.uint32).tofile(tmp_path / "train.bin")  # ids < 65536: each followed by a 0 as uint16
+    with pytest.raises(UserError, match="looks like uint32 tokens read as uint16"):
+        check_split(str(tmp_path), "train", T, 1000, "uint16", "prepare")
+    check_split(str(tmp_path), "train", T, 1000, "uint32", "prepare")
+    (np.arange(1000, dtype=np.uint16) + 1).tofile(tmp_path / "train.bin")
+    with pytest.raises(UserError, match="looks like uint16 tokens read as uint32"):
+        check_split(str(tmp_path), "train", T, 1001, "uint32", "prepare")
+    check_split(str(tmp_path), "train", T, 1001, "uint16", "prepare")

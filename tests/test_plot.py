@@ -60,3 +60,52 @@ def test_plot_has_a_gradient_norm_panel(tmp_path):
 def test_plot_without_a_log_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError, match="no training log rows"):
         plot.main([f"--out_dir={tmp_path}"])
+
+
+GOOD_ROW = {"kind": "train", "step": 0, "tokens": 512, "loss": 4.0, "lr": 1e-3}
+
+
+@pytest.mark.needs("matplotlib")
+@pytest.mark.parametrize("lines,words", [
+    (["[1, 2]"], "row 2 is [1, 2], not a JSON object"),
+    (["3"], "row 2 is 3, not a JSON object"),
+    ([json.dumps({**GOOD_ROW, "loss": "high"})], "loss is not a number"),
+    ([json.dumps({**GOOD_ROW, "step": True})], "step is not a number"),
+    ([json.dumps({"kind": "eval", "val_loss": 3.0})], "step, tokens are not numbers"),
+], ids=["list", "number", "string-value", "bool-step", "no-step"])
+def test_a_damaged_log_row_is_one_line_naming_it(tmp_path, lines, words):
+    (tmp_path / "log.jsonl").write_text("\n".join([json.dumps(GOOD_ROW), *lines]) + "\n")
+    with pytest.raises(UserError, match="log.jsonl") as e:
+        plot.main([f"--out_dir={tmp_path}"])
+    assert words in str(e.value) and "remove that line" in str(e.value)
+    assert not (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.needs("matplotlib")
+def test_a_cut_off_last_row_and_nan_losses_still_plot(tmp_path):
+    rows = [json.dumps(GOOD_ROW), json.dumps({**GOOD_ROW, "step": 1, "loss": float("nan")})]
+    (tmp_path / "log.jsonl").write_text("\n".join(rows) + '\n{"kind": "train", "st')  # a run still writing
+    plot.main([f"--out_dir={tmp_path}"])
+    assert png_size(tmp_path / "curves.png")
+
+
+@pytest.mark.needs("matplotlib")
+def test_output_is_checked_before_the_log_is_read(tmp_path):
+    # no log at all: each of these must be refused for the output, not for the missing log
+    (tmp_path / "a_file").write_text("")
+    for output, words in [("run.docx", ".docx is not a format matplotlib writes"), (".", "is a folder"),
+                          ("a_file/run.png", "is not a folder")]:
+        with pytest.raises(UserError, match="--output=") as e:
+            plot.main([f"--out_dir={tmp_path / 'empty'}", f"--output={tmp_path / output}"])
+        assert words in str(e.value)
+    (tmp_path / "log.jsonl").write_text(json.dumps(GOOD_ROW) + "\n")
+    plot.main([f"--out_dir={tmp_path}", f"--output={tmp_path / 'new' / 'run'}"])  # no extension: PNG
+    assert png_size(tmp_path / "new" / "run.png")
+    plot.main([f"--out_dir={tmp_path}", f"--output={tmp_path / 'run.svg'}"])
+    assert (tmp_path / "run.svg").read_text().lstrip().startswith("<?xml")
+    with pytest.raises(UserError, match="log.jsonl is not a folder"):
+        plot.main([f"--out_dir={tmp_path / 'log.jsonl'}"])  # out_dir's curves.png goes under a file: refused
+    os.remove(tmp_path / "log.jsonl")
+    os.makedirs(tmp_path / "log.jsonl")
+    with pytest.raises(UserError, match="log.jsonl cannot be read"):
+        plot.main([f"--out_dir={tmp_path}"])
