@@ -360,7 +360,34 @@ def model_from_checkpoint(ckpt, path="checkpoint"):
         config = GPTConfig(**ckpt["model_args"])
     except TypeError as e:
         raise UserError(f"{path}: model_args do not describe a GPT ({e})")
+    check_fits(config, ckpt["model"], path)
     return load_weights(GPT(config), ckpt["model"], path)
+
+
+class _NoDraw(torch.overrides.TorchFunctionMode):
+    """Modules built with their weights' random init skipped: on the meta device it would only cost time (its
+    meta kernels import torch._dynamo: a second and more)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("normal_", "uniform_"):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def check_fits(config, state_dict, path):
+    """The weights' shapes against those of the model `config` describes, built on the meta device (no memory,
+    no time): model_args that do not fit the weights are refused before a model of their size is allocated
+    (a damaged n_embd could ask for tens of GB). Names only one side has are load_weights' to report."""
+    with torch.device("meta"), _NoDraw():
+        mine = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in clean_state_dict(state_dict).items() if hasattr(v, "shape")}
+    differ = [k for k in mine if k in theirs and mine[k] != theirs[k]]
+    if differ or not set(mine) & set(theirs):
+        where = (", ".join(f"{k} {list(theirs[k])} (model_args: {list(mine[k])})" for k in differ[:3]) if differ
+                 else "no weight of the model is among them")
+        raise UserError(f"{path}: its weights do not fit the model its model_args describe: {where}; the "
+                        f"checkpoint is damaged or was edited")
 
 
 def load_weights(model, state_dict, path):

@@ -176,6 +176,9 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     given = getattr(config, 'given', frozenset())
     device_type = device.split(':')[0]
     model = model_config(config, given, src, meta)
+    if src.checkpoint and 'model' in src.checkpoint:  # before a model of model_args' size is allocated
+        from gpt.checkpoint import check_fits
+        check_fits(GPTConfig(**model), src.checkpoint['model'], src.name)
     check_resume(config, given, src)
     data_dir, data_label, prepare_hint = data
     vocab = meta['vocab_size'] if meta else None
@@ -260,7 +263,7 @@ def check_prompt(prompt, meta, vocab_size):
     from gpt.tokenizer import get_tokenizer
     try:
         ids = get_tokenizer(dict(meta) if meta else None).encode(prompt)
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, UserError) as e:
         raise UserError(f"sample_prompt={prompt!r} cannot be encoded by the dataset's tokenizer ({e}): use text "
                         f"the dataset holds, or --sample_interval=0") from None
     if not ids or max(ids) >= vocab_size:

@@ -184,3 +184,21 @@ def test_the_plan_records_what_runs_not_what_was_asked(datasets, tmp_path):
     assert row["cuda_graph"] is False and row["settings"]["cuda_graph"] is False
     assert ckpt["config"]["cuda_graph"] is False and ckpt["plan"]["cuda_graph"] is False
     assert row["optimizer"]["name"] == "adamw" and row["optimizer"]["betas"] == [0.9, 0.95]
+
+
+def test_model_args_that_do_not_fit_the_weights_are_refused_before_building(first_run, tmp_path):
+    """A damaged n_embd would ask for a model of tens of GB: the shapes are compared first (on the meta device)."""
+    import torch
+
+    from gpt.checkpoint import load_model
+    out = tmp_path / "damaged"
+    shutil.copytree(first_run[0], out)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=False)
+    ckpt["model_args"]["n_embd"] = 2**16
+    torch.save(ckpt, out / "ckpt.pt")
+    given = [f for f in first_run[1] if not f.startswith("--n_embd=")]  # else that difference is named first
+    for attempt in (lambda: train(*given, f"--out_dir={out}", "--init_from=resume"),
+                    lambda: load_model("resume", str(out))):
+        with pytest.raises(errors.UserError, match=r"weights do not fit the model its model_args describe: "
+                                                   r"transformer.wte.weight \[17, 32\] \(model_args: \[17, 65536\]\)"):
+            attempt()
