@@ -160,7 +160,7 @@ def profile_step(opts, device, dtype, k, rank, world):
             loss_sum += loss.detach()
             loss.backward()
             marks.append(mark())
-        distributed.total_norm(torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0))  # .item(), as train.py
+        distributed.full_tensor(torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)).item()  # as train.py
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         marks.append(mark())

@@ -19,7 +19,8 @@ PIECES = [  # (what, code timed after its setup, setup)
     ("import torch", "import torch", ""),
     ("import torch._dynamo (torch.optim's first optimizer imports it)", "import torch._dynamo", "import torch"),
     ("import train.py's other modules", "import configurator, model; from gpt import checkpoint, distributed, "
-     "hardware, muon, rundir, schedule, settings, stepgraph, data, evaluation, loader, tokenizer, trainlog",
+     "hardware, muon, optim, plan, rundir, schedule, settings, step, stepgraph, data, evaluation, loader, tokenizer, "
+     "trainlog",
      "import torch"),
     ("build the model on the CPU (its init), config's shape",
      "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
