@@ -4,7 +4,7 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
 
     errors       UserError and the one-line `error:` hook every script installs
     atomic       files written whole or not at all
-    plan         the run plan: settings given, checkpoint or pretrained model, data and machine, decided once
+    plan         the run plan: settings, machine, data and weights make every decision once, checked
     hardware     device and dtype choice, autocast, compile, peak FLOP/s for MFU
     distributed  torchrun's process group, DDP and FSDP2 wrapping, gradient sync
     checkpoint   ckpt.pt save/load (atomic, weights_only, checksums), sharded saves, resume, conversion
@@ -17,12 +17,13 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     exportdir    export folders: never a user's folder overwritten, written whole or not at all
     generation   the KV cache and the (CUDA-graphed) one-token decode step
     schedule     learning-rate schedule, token budgets, a step's batch split over the processes
-    optim        torch's AdamW without torch._dynamo's import (a second or more of a run's start-up)
+    optim        the optimizer a run names (AdamW, Muon), built and resumed; torch's without torch._dynamo
     muon         the Muon optimizer for the blocks' matrices (AdamW for the rest), as one optimizer
-    stepgraph    the whole training step as one CUDA graph
+    step         the training step: forward, backward, clip, update (skipped on a NaN), one function
+    stepgraph    that step replayed from one CUDA graph
     evaluation   loss estimates and samples during training
     hellaswag    HellaSwag scoring (hellaswag.py and train.py use it)
     trainlog     the run's log.jsonl, and wandb
     dashboard    the live web page over log.jsonl (dashboard.py and train.py use it)
-    preemption   SIGTERM / SIGINT: checkpoint and exit
+    preemption   SIGTERM / SIGINT / SIGHUP: checkpoint and exit
 """
