@@ -116,6 +116,18 @@ def files_changed(was, now):
                      f"{now}; put back the files the run trained on, or start a new run")
 
 
+def check_position(state, counts, sizes=()):
+    """A checkpoint's data position: whole numbers from 0 under `counts`, from 1 under `sizes` where given, and
+    the shards' (name, tokens) where listed; a damaged or hand-edited one is one line."""
+    shards = state.get("shards", []) if isinstance(state, dict) else None
+    if not (isinstance(state, dict) and all(type(state.get(k)) is int and state[k] >= 0 for k in counts)
+            and all(type(state[k]) is int and state[k] > 0 for k in sizes if k in state)
+            and isinstance(shards, list) and all(isinstance(s, (list, tuple)) and len(s) == 2
+                                                 and isinstance(s[0], str) and type(s[1]) is int for s in shards)):
+        raise UserError(f"the checkpoint's data position {str(state)[:120]} is not one the loaders write (whole "
+                        f"numbers {', '.join(counts)}): the checkpoint is damaged or was edited")
+
+
 def describe_shards(shards):
     """[(name, tokens), ...] in a few words: '3 shards (a_000001.bin to a_000003.bin, 1,500 tokens)'."""
     names, total = [name for name, _ in shards], sum(n for _, n in shards)
@@ -167,8 +179,10 @@ class RandomWindows:
         return f"{os.path.basename(self.path)} ({len(self.file.tokens):,} tokens)"
 
     def load_state_dict(self, state):
-        if "shard" in state:  # a position in token shards: the folder held shards then
-            raise files_changed(describe_shards(state.get("shards", [])), self.describe())
+        if isinstance(state, dict) and "shard" in state:  # a position in token shards: the folder held shards then
+            check_position(state, ("shard", "offset", "epoch"))
+            raise files_changed(describe_shards(state["shards"]), self.describe())
+        check_position(state, ("batches",), ("world_size", "micro_steps", "tokens"))
         if state.get("tokens", len(self.file.tokens)) != len(self.file.tokens):
             print(f"note: the checkpoint's run read {state.get('file', 'a file')} of {state['tokens']:,} tokens, "
                   f"this one {self.describe()}: the resumed run draws its windows from the file as it is now")
@@ -244,9 +258,11 @@ class SequentialShards:
         return {"shard": shard, "offset": offset, "epoch": epoch, "shards": [list(s) for s in self.shards]}
 
     def load_state_dict(self, state):
-        if "batches" in state:  # RandomWindows' state: the folder held train.bin / val.bin then
+        if isinstance(state, dict) and "batches" in state:  # RandomWindows' state: the folder held train.bin then
+            check_position(state, ("batches",), ("tokens",))
             raise files_changed(f"{state.get('file', 'train.bin')}" + (f" ({state['tokens']:,} tokens)"
                                 if "tokens" in state else ""), describe_shards(self.shards))
+        check_position(state, ("shard", "offset", "epoch"))
         saved = [tuple(s) for s in state.get("shards", self.shards)]  # older checkpoints do not list them
         if saved != self.shards:
             raise files_changed(describe_shards(saved), describe_shards(self.shards))

@@ -234,3 +234,15 @@ def test_token_files_of_the_other_width_are_refused(tmp_path):
     with pytest.raises(UserError, match="looks like uint16 tokens read as uint32"):
         check_split(str(tmp_path), "train", T, 1001, "uint32", "prepare")
     check_split(str(tmp_path), "train", T, 1001, "uint16", "prepare")
+
+
+def test_a_damaged_data_position_is_one_line(tmp_path):
+    from gpt.loader import RandomWindows
+    np.arange(5000, dtype=np.uint32).tofile(tmp_path / "train.bin")
+    windows = RandomWindows(str(tmp_path / "train.bin"), B, T, "cpu", "uint32")
+    (shards,) = loaders(make_shards(tmp_path, [100, 500]), world_size=1)
+    for loader, state in [(windows, {"batches": "4"}), (windows, {"batches": 4, "micro_steps": 0}), (windows, [4]),
+                          (shards, {"shard": 0, "offset": -16, "epoch": 0}), (shards, {"shard": 0}),
+                          (shards, {"shard": 0, "offset": 0, "epoch": 0, "shards": [3]})]:
+        with pytest.raises(UserError, match="data position .* is not one the loaders write"):
+            loader.load_state_dict(state)
