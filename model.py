@@ -505,7 +505,7 @@ class GPT(nn.Module):
         print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
         # the fused kernel is much faster where it exists
         use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
-        from gpt.optim import AdamW  # torch's, without importing torch._dynamo (seconds of start-up)
+        from gpt.adamw import AdamW  # torch's, without importing torch._dynamo (seconds of start-up)
         optimizer = AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
         print(f"using fused AdamW: {use_fused}")
         return optimizer

@@ -17,7 +17,8 @@ one module per concern. model.py, the model itself, stays at the top, as in nano
     exportdir    export folders: never a user's folder overwritten, written whole or not at all
     generation   the KV cache and the (CUDA-graphed) one-token decode step
     schedule     learning-rate schedule, token budgets, a step's batch split over the processes
-    optim        the optimizer a run names (AdamW, Muon), built and resumed; torch's without torch._dynamo
+    optim        the optimizer a run names (AdamW, Muon), checked, built and resumed
+    adamw        torch's AdamW without torch._dynamo's import (a second or more of a run's start-up)
     muon         the Muon optimizer for the blocks' matrices (AdamW for the rest), as one optimizer
     step         the training step: forward, backward, clip, update (skipped on a NaN), one function
     stepgraph    that step replayed from one CUDA graph

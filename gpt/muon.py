@@ -33,8 +33,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from gpt.adamw import AdamW, WithoutDynamo
 from gpt.errors import UserError
-from gpt.optim import AdamW, WithoutDynamo
 
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)

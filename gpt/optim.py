@@ -1,46 +1,11 @@
 """
-The optimizers: train.py's `optimizer` setting names one (AdamW or Muon), build() makes it and load_state()
-resumes it under this run's settings. They are torch's, started without torch._dynamo:
-
-torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
-torch._disable_dynamo, and each optimizer's step in a wrapper that calls torch._dynamo.graph_break(); both
-import torch._dynamo at their first call. That import takes longer than the rest of a run's start-up together
-(seconds on a fresh GPU machine, docs/speedrun.md's start-up table), and what it buys matters only while
-torch.compile traces the optimizer itself, which this trainer never does (it compiles the model). WithoutDynamo
-calls the very functions those wrappers wrap (inspect.unwrap), with the step under torch.no_grad() as torch's
-wrapper runs it: the same arithmetic, the same state_dict, the same hooks (the step's profiling and hook
-wrapper, which Optimizer.__init__ adds, is kept). A run that compiles imports torch._dynamo anyway.
+The optimizers: train.py's `optimizer` setting names one (AdamW, or Muon for the blocks' matrices and AdamW
+for the rest), check() refuses a name or a combination that cannot work, build() makes it and load_state()
+resumes it under this run's settings. Both are torch optimizers started without torch._dynamo
+(gpt/adamw.py).
 """
-import inspect
-
-import torch
-
+from gpt import muon
 from gpt.errors import UserError
-
-
-class WithoutDynamo:
-    """Mixin before a torch.optim.Optimizer subclass: its methods without torch._dynamo's lazy import."""
-
-    def add_param_group(self, param_group):
-        return inspect.unwrap(torch.optim.Optimizer.add_param_group)(self, param_group)
-
-    def zero_grad(self, set_to_none=True):
-        return inspect.unwrap(torch.optim.Optimizer.zero_grad)(self, set_to_none)
-
-    def state_dict(self):
-        return inspect.unwrap(torch.optim.Optimizer.state_dict)(self)
-
-    def load_state_dict(self, state_dict):
-        return inspect.unwrap(torch.optim.Optimizer.load_state_dict)(self, state_dict)
-
-
-class AdamW(WithoutDynamo, torch.optim.AdamW):
-    """torch.optim.AdamW (fused=True on CUDA: one kernel for every tensor), its step without torch._dynamo."""
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        return inspect.unwrap(torch.optim.AdamW.step)(self, closure)
-
 
 # train.py's `optimizer` setting: what trains the weights
 OPTIMIZERS = {
@@ -66,7 +31,6 @@ def build(model, chosen, device_type):
     lr, wd, betas = chosen['learning_rate'], chosen['weight_decay'], tuple(chosen['betas'])
     if chosen['name'] == 'adamw':
         return model.configure_optimizers(wd, lr, betas, device_type)
-    from gpt import muon
     return muon.configure(model.hidden_matrices(), [p for p in model.parameters() if p.requires_grad], lr,
                           chosen['muon_lr'], wd, chosen['muon_weight_decay'], betas, chosen['muon_momentum'],
                           device_type, chosen['muon_shard'])

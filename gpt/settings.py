@@ -73,7 +73,8 @@ def check_train(c):
             ('sample_interval', lambda v: v >= 0, "0 (off) or more"),
             ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
-            ('muon_lr', lambda v: v > 0, "positive (to train with AdamW alone: --optimizer=adamw)"), ('muon_momentum', *FRACTION),
+            ('muon_lr', lambda v: v > 0, "positive (to train with AdamW alone: --optimizer=adamw)"),
+            ('muon_momentum', *FRACTION),
             ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
             ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)"),
             ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "

@@ -1,0 +1,39 @@
+"""
+torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/muon.py).
+
+torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
+torch._disable_dynamo, and each optimizer's step in a wrapper that calls torch._dynamo.graph_break(); both
+import torch._dynamo at their first call. That import takes longer than the rest of a run's start-up together
+(seconds on a fresh GPU machine, docs/speedrun.md's start-up table), and what it buys matters only while
+torch.compile traces the optimizer itself, which this trainer never does (it compiles the model). WithoutDynamo
+calls the very functions those wrappers wrap (inspect.unwrap), with the step under torch.no_grad() as torch's
+wrapper runs it: the same arithmetic, the same state_dict, the same hooks (the step's profiling and hook
+wrapper, which Optimizer.__init__ adds, is kept). A run that compiles imports torch._dynamo anyway.
+"""
+import inspect
+
+import torch
+
+
+class WithoutDynamo:
+    """Mixin before a torch.optim.Optimizer subclass: its methods without torch._dynamo's lazy import."""
+
+    def add_param_group(self, param_group):
+        return inspect.unwrap(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none=True):
+        return inspect.unwrap(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def state_dict(self):
+        return inspect.unwrap(torch.optim.Optimizer.state_dict)(self)
+
+    def load_state_dict(self, state_dict):
+        return inspect.unwrap(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+
+
+class AdamW(WithoutDynamo, torch.optim.AdamW):
+    """torch.optim.AdamW (fused=True on CUDA: one kernel for every tensor), its step without torch._dynamo."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        return inspect.unwrap(torch.optim.AdamW.step)(self, closure)
