@@ -234,7 +234,7 @@ def test_checkpoint_whose_weights_do_not_fit_its_shape(data_dir, tmp_path):
         r = run(script, *args, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         last = r.stderr.strip().splitlines()[-1]
-        assert last.startswith("error:") and "ckpt.pt" in last and "do not match" in last, last
+        assert last.startswith("error:") and "ckpt.pt" in last and "do not fit" in last, last
 
 
 class _Exploit:
