@@ -20,8 +20,9 @@ errors.install()
 import math
 import sys
 
-import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it
-import torch
+with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from C++: exit at once instead
+    import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it
+    import torch
 
 _imported_torch = time.time()
 import configurator

@@ -114,6 +114,25 @@ def _excepthook(kind, value, tb):
     sys.__excepthook__(kind, value, tb)
 
 
+class ExitOnCtrlC:
+    """Ctrl-C exits at once, with the same line and status as the hook's, while the block runs: for `import
+    torch`, where a KeyboardInterrupt raised inside one of torch's C++ callbacks cannot unwind and aborts
+    the process (pybind11's "terminate called"). Nothing is yet changed that would need putting back."""
+
+    def __enter__(self):
+        import signal
+        self.previous = signal.signal(signal.SIGINT, self._exit)
+
+    def __exit__(self, *exc):
+        import signal
+        signal.signal(signal.SIGINT, self.previous)
+
+    @staticmethod
+    def _exit(signum, frame):
+        print("interrupted (Ctrl-C)", file=_stderr(), flush=True)
+        os._exit(130)
+
+
 def install():
     """Entry scripts call this once so an uncaught UserError prints one line and exits with 2; under torchrun,
     ranks other than 0 print nothing to stdout."""
