@@ -148,16 +148,16 @@ def step_at(tokens, tokens_per_iter, start_iter=0, start_tokens=0):
 
 
 def check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule):
-    """Schedule lengths that cannot be what was meant: a refusal where the schedule would be nonsense, notes
-    (returned as lines) where it is odd but well defined."""
-    if lr_schedule == 'cosine' and lr_decay_iters < warmup_iters:
-        raise UserError(f"lr_decay_iters={lr_decay_iters:,} is below warmup_iters={warmup_iters:,}: the cosine "
-                        f"decay would end before the warm-up does; set lr_decay_iters above warmup_iters "
-                        f"(~max_iters)")
+    """Schedule lengths that are well defined but unlikely to be what was meant, as note lines: the run ends
+    still warming up, or a cosine decay that ends before the warm-up does (the rate then drops from the
+    warm-up straight to min_lr)."""
     notes = []
     if lr_schedule != 'none' and warmup_iters > max_iters:
         notes.append(f"warmup_iters={warmup_iters:,} is beyond max_iters={max_iters:,}: the run ends still warming "
                      f"up, at {(max_iters + 1) / (warmup_iters + 1):.0%} of learning_rate")
+    elif lr_schedule == 'cosine' and lr_decay_iters < warmup_iters < max_iters:
+        notes.append(f"lr_decay_iters={lr_decay_iters:,} is below warmup_iters={warmup_iters:,}: at the end of the "
+                     f"warm-up the rate drops straight to min_lr (set lr_decay_iters ~ max_iters to decay)")
     return notes
 
 

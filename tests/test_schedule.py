@@ -206,3 +206,11 @@ def test_a_schedule_that_would_climb_to_min_lr_is_refused():
     for lr_schedule in ("constant", "none"):  # min_lr is not used
         schedule.check_decay(1e-5, 6e-5, lr_schedule)
 
+
+
+def test_schedule_lengths_that_are_unlikely_meant_are_noted():
+    assert schedule.check_lengths(100, 10, 100, 'cosine') == []
+    assert schedule.check_lengths(20, 100, 20, 'cosine') == [
+        "warmup_iters=100 is beyond max_iters=20: the run ends still warming up, at 21% of learning_rate"]
+    assert "drops straight to min_lr" in schedule.check_lengths(200, 100, 20, 'cosine')[0]
+    assert schedule.check_lengths(200, 100, 20, 'wsd') == [] and schedule.check_lengths(20, 100, 20, 'none') == []
