@@ -107,6 +107,7 @@ def inert(c):
         (('sample_prompt', 'sample_max_tokens', 'sample_top_p', 'num_samples_train'), c['sample_interval'] == 0,
          no_sampling),
         (('dashboard_port',), not c['dashboard'], "dashboard=False serves no dashboard"),
+        (('dashboard',), c.get('eval_only', False), "eval_only writes no log for the page to show"),
         (('compile_scope',), not c['compile'], "compile=False compiles nothing"),
         (('keep_checkpoints',), c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0,
          "checkpoint_interval=-1 saves no checkpoints"),

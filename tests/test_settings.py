@@ -26,6 +26,8 @@ def test_settings_given_that_do_nothing_are_named():
                                                                                      "num_samples_train")],
                                   "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
     assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
+    assert notes({"dashboard"}, dashboard=True, eval_only=True) == [
+        "dashboard=True does nothing here: eval_only writes no log for the page to show"]
     assert notes({"gradient_accumulation_steps"}, total_batch_size=4096) == [
         "gradient_accumulation_steps=5 does nothing here: total_batch_size=4,096 sets the batch; the micro-steps "
         "follow from it and batch_size"]
