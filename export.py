@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import configurator
 from gpt import errors, exportdir
-from gpt.checkpoint import load_checkpoint, model_from_checkpoint
+from gpt.checkpoint import load_checkpoint, model_from_checkpoint, newer_sharded
 from gpt.data import dataset_dir, read_meta
 from gpt.errors import UserError
 from gpt.hf import hf_tokenizer, model_card, save_tokenizer, to_hf, verify
@@ -49,9 +49,10 @@ def main(argv):
     export_dir = s['export_dir'] or os.path.join(s['out_dir'], 'hf')
     path = os.path.join(s['out_dir'], 'ckpt.pt')
     exportdir.check(export_dir, force=s['force'], keep=(path, os.getcwd()))
-    if not os.path.exists(path) and os.path.isdir(os.path.join(s['out_dir'], 'ckpt_dcp')):
-        raise UserError(f"{s['out_dir']} holds a sharded (fsdp) checkpoint: make a ckpt.pt first with "
-                        f"`python convert_checkpoint.py --out_dir={s['out_dir']}`")
+    sharded = newer_sharded(s['out_dir'])  # a ckpt.pt beside it would be an older state of the run
+    if sharded or (not os.path.exists(path) and os.path.isdir(os.path.join(s['out_dir'], 'ckpt_dcp'))):
+        raise UserError(f"{s['out_dir']}'s newest checkpoint is the sharded (fsdp) {sharded or 'ckpt_dcp'}: make a "
+                        f"ckpt.pt of it first with `python convert_checkpoint.py --out_dir={s['out_dir']}`")
 
     # a big model takes minutes (building it twice, writing, reading back): a terminal shows the stage
     stages = tqdm(total=4 if s['verify'] else 3, unit="stage", disable=None)
