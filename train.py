@@ -179,7 +179,7 @@ if activation_checkpointing:
     distributed.checkpoint_activations(raw_model)
 startup.part('model')
 model = distributed.wrap(model, run.parallelism if run.torchrun else 'ddp', device_type, run.local_rank, run.dtype,
-                         run.compile, **distributed.wrap_args({**parallel_options, 'compile_scope': run.compile_scope}))
+                         run.compile, **distributed.wrap_args(config))  # the plan's options (and compile scope)
 if run.compile or run.torchrun:  # compile imports torch._dynamo; DDP broadcasts the weights (and imports it too)
     startup.part(' and '.join(['torch.compile'] * run.compile + [run.parallelism.upper()] * run.torchrun) + ' set-up')
 eval_model = distributed.unwrap(model)  # HellaSwag calls the compiled model directly (no gradient sync needed)
