@@ -33,10 +33,6 @@ def _mps_available():
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
-def cuda_device_count():
-    return torch.cuda.device_count()
-
-
 def resolve_device(device):
     """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
     if device == "auto":

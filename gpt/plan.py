@@ -22,6 +22,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
+import torch
+
 from gpt import distributed, hardware, optim, rundir, schedule, settings, stepgraph
 from gpt.data import dataset_label, find_dataset
 from gpt.errors import UserError
@@ -153,7 +155,7 @@ def make(config):
         check_wandb()  # installed, and a key or offline mode
     device = hardware.resolve_device(config['device'])
     cuda = device.split(':')[0] == 'cuda'
-    ranks = distributed.launch(os.environ, hardware.cuda_device_count() if cuda else 0)
+    ranks = distributed.launch(os.environ, torch.cuda.device_count() if cuda else 0)
     rank, local_rank, world_size = ranks or (0, 0, 1)
     if ranks and cuda:
         device = f"cuda:{local_rank}"  # each process on the GPU of its local rank
@@ -198,6 +200,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     parallelism = config['parallelism'] if torchrun else 'none'
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
+    if torchrun:
+        distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
     graphed = stepgraph.can_graph(config['cuda_graph'], device_type, torchrun, dtype,
                                   config['activation_checkpointing'], verbose)
     optimizer = optimizer_settings(config, given, parallelism)
@@ -272,7 +276,7 @@ def check_prompt(prompt, meta, vocab_size):
 
 
 # What a resumed run may change, and what it may not: every train.py setting is in one of these groups
-# (tests/test_plan.py checks that, and resumes with each one changed). The model's fields follow their
+# (tests/test_resume.py checks that, and resumes with each one changed). The model's fields follow their
 # kind, said on GPTConfig's fields: architecture and initialisation are the checkpoint's (refused above, in
 # model_config), runtime ones (dropout, the loss's chunking) are the run's.
 RESUME_REFUSED = {
@@ -414,8 +418,6 @@ def init_model(model_config, seed=None, device='cpu'):
     (and GPUs of other models may draw differently, which FSDP, having no broadcast, would notice). The random
     state outside is left as it was whenever a seed is given."""
     from contextlib import nullcontext
-
-    import torch
 
     from model import GPT
     device = torch.device(device)
