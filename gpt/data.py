@@ -26,6 +26,7 @@ import numpy as np
 
 from gpt.atomic import atomic_write
 from gpt.errors import UserError
+from gpt.rundir import nearest_existing
 from gpt.tokenizer import hf_meta
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -325,8 +326,8 @@ def check_output_file(path, option, make_folder=False):
     if os.path.isdir(path):
         raise UserError(f"{option}={path} is a folder: name the file to write (it may be in that folder)")
     folder = os.path.dirname(os.path.abspath(path))
-    while make_folder and not os.path.lexists(folder):
-        folder = os.path.dirname(folder)
+    if make_folder:
+        folder = nearest_existing(folder)
     if not os.path.isdir(folder):
         problem = "is not a folder" if os.path.lexists(folder) else "does not exist"
         raise UserError(f"{option}={path}: its folder {folder} {problem}: create it or choose another {option}")
