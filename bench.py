@@ -32,6 +32,7 @@ n_embd = 768
 vocab_size = 50304
 bias = False
 dropout = 0.0
+model_options = GPTConfig.options()  # the model's switches, as train.py's (--qk_norm=True, --pos_emb=rope, ...)
 real_data = False  # True: windows of data/<dataset>/train.bin; False: random tokens
 dataset = 'openwebtext'
 data_dir = ''  # real_data from this folder instead of data/<dataset>
@@ -56,7 +57,7 @@ peak_flops = 0.0  # 0: from gpt/hardware.py's table
 out_json = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
-config = configurator.apply(globals(), sys.argv[1:])
+config = configurator.apply(globals(), sys.argv[1:], model_options)
 settings.check_bench(config)  # values that are the right type but make no sense: one line each
 
 
@@ -94,7 +95,7 @@ torch.set_float32_matmul_precision('high')
 torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, bias=bias, dropout=dropout)
+                         n_embd=n_embd, bias=bias, dropout=dropout, **model_options)
 
 
 def sync():

@@ -83,6 +83,10 @@ class GPTConfig:
     # lm_head, then F.cross_entropy over the full logits
     fused_loss: bool = runtime(False)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
+    # True: qk_norm and the rotary embedding (pos_emb='rope', llama) in one Triton kernel each way
+    # (gpt/fused_qk.py), on a CUDA GPU, uncompiled: the same math as the plain path below, a few times fewer
+    # bytes moved (torch.compile fuses the plain path itself)
+    fused_qk: bool = runtime(False)
 
     def __post_init__(self):
         if self.family not in ('gpt2', 'llama'):
@@ -254,6 +258,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_size = config.n_embd // config.n_head
         self.qk_norm, self.norm_eps = config.qk_norm, config.norm_eps
+        self.config = config  # the model's own, whose runtime fields (fused_qk) a run may change
         # query, key and value projections for all heads, in a batch (fewer key/value heads with GQA)
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_size, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -272,14 +277,20 @@ class CausalSelfAttention(nn.Module):
         q, k, v = qkv.split([C, kv_size, kv_size], dim=2)
         if ve is not None:  # value embeddings: each token's vector from this layer's table, mixed into its value
             v = self.ve_lambdas[0] * v + self.ve_lambdas[1] * ve
-        # (B, T, nh * hs) -> (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        q, k = q.view(B, T, self.n_head, hs), k.view(B, T, self.n_kv_head, hs)
+        if (self.qk_norm or rope is not None) and self.config.fused_qk and q.is_cuda \
+                and not torch.compiler.is_compiling():
+            from gpt.fused_qk import norm_and_rotate  # imports Triton: only where it runs
+            q, k = norm_and_rotate(q, k, rope, self.norm_eps if self.qk_norm else None)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        else:
+            # (B, T, nh, hs) -> (B, nh, T, hs)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            if self.qk_norm:  # each head's queries and keys to unit RMS: attention logits cannot blow up
+                q, k = F.rms_norm(q, (hs,), eps=self.norm_eps), F.rms_norm(k, (hs,), eps=self.norm_eps)
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        if self.qk_norm:  # each head's queries and keys to unit RMS: attention logits cannot blow up
-            q, k = F.rms_norm(q, (hs,), eps=self.norm_eps), F.rms_norm(k, (hs,), eps=self.norm_eps)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         mask, is_causal, kernels = None, True, nullcontext()
         if cache is not None:
             # every prompt length is a new shape, for which cuDNN attention builds a new plan (~2 ms of CPU

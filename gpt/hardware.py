@@ -115,6 +115,20 @@ def maybe_compile(model, compile, device_type, **options):
     return torch.compile(model, **options)
 
 
+def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
+    """Whether model.py's attention runs qk_norm and the rotary embedding as gpt/fused_qk.py's Triton kernel:
+    asked for, and able to work here (else, verbose, say why not: the plain path computes the same).
+    model: the run's GPTConfig."""
+    problem = fused_qk and (
+        "neither qk_norm nor rotary embeddings to fuse" if not (model.qk_norm or model.rotary)
+        else f"a CUDA GPU's kernel (this run: {device_type})" if device_type != 'cuda'
+        else "compile=True fuses them itself" if compiled
+        else "triton is not installed" if importlib.util.find_spec("triton") is None else None)
+    if problem and verbose:
+        print(f"fused_qk: off ({problem})")
+    return bool(fused_qk and not problem)
+
+
 SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CPU or MPS gets a warning
 
 

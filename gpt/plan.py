@@ -200,6 +200,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     parallelism = config['parallelism'] if torchrun else 'none'
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
+    model['fused_qk'] = hardware.can_fuse_qk(model['fused_qk'], GPTConfig(**model), device_type, compiled, verbose)
     if torchrun:
         distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
     graphed = stepgraph.can_graph(config['cuda_graph'], device_type, torchrun, dtype,

@@ -1,0 +1,132 @@
+"""The RMSNorm of each head's queries and keys (qk_norm) and their rotary embedding, in one Triton kernel
+each way (forward, backward): model.py's attention uses it where fused_qk is on, on a CUDA GPU, uncompiled.
+
+Why: uncompiled, model.py's plain path is a chain of elementwise kernels, in float32 (autocast runs rms_norm in
+float32, and the rotation's cos and sin are float32), each reading and writing all of q and k; their backward
+as many again. For GPT-2 124M at 32 x 1024 tokens that chain costs more than a quarter of a training step on
+an H100 (docs/speedrun.md). Here each row (one head of one token) is read once, normalised and rotated in
+float32 registers, and written once in its dtype. torch.compile fuses the plain path by itself, so a compiled
+model does not need this.
+
+The math is model.py's: n = x * rsqrt(mean(x^2) + eps) (F.rms_norm without a gain), then each (first half,
+second half) pair rotated by its position's angle as transformers' rotate_half does:
+    y1 = n1 cos - n2 sin,   y2 = n2 cos + n1 sin
+and its gradient: the rotation by minus the angle, then RMSNorm's backward, dx = r (dn - n mean(dn n)).
+tests/test_fused_qk.py checks both against the plain path under Triton's interpreter, on the CPU.
+"""
+import torch
+import triton
+import triton.language as tl
+
+ROWS = 64  # rows (one head of one token each) per program
+
+
+@triton.jit
+def _rows(pid, rows, H, T, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr):
+    """This program's rows as (b, t, h) and the column offsets of a half-row, with their masks."""
+    r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    h = r % H
+    t = (r // H) % T
+    b = r // (H * T)
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = (r < rows)[:, None] & (cols < HALF)[None, :]
+    return r, b, t, h, cols, mask
+
+
+@triton.jit
+def _forward(x_ptr, y_ptr, cos_ptr, sin_ptr, rows, H, T, sxb, sxt, sxh, eps,
+             HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+             ROWS: tl.constexpr):
+    r, b, t, h, cols, mask = _rows(tl.program_id(0), rows, H, T, HALF, BLOCK_HALF, ROWS)
+    x_at = x_ptr + (b * sxb + t * sxt + h * sxh)[:, None] + cols[None, :]
+    x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        x1 = x1 * inv[:, None]
+        x2 = x2 * inv[:, None]
+    if ROPE:  # cos and sin are (T, 2 * HALF), their two halves equal
+        at = t[:, None] * (2 * HALF) + cols[None, :]
+        c = tl.load(cos_ptr + at, mask=mask, other=0.0)
+        s = tl.load(sin_ptr + at, mask=mask, other=0.0)
+        x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
+    y_at = y_ptr + r[:, None] * (2 * HALF) + cols[None, :]  # y is contiguous (B, T, H, 2 * HALF)
+    tl.store(y_at, x1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_at + HALF, x2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _backward(x_ptr, g_ptr, dx_ptr, cos_ptr, sin_ptr, rows, H, T, sxb, sxt, sxh, sgb, sgt, sgh, eps,
+              HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
+              ROWS: tl.constexpr):
+    r, b, t, h, cols, mask = _rows(tl.program_id(0), rows, H, T, HALF, BLOCK_HALF, ROWS)
+    g_at = g_ptr + (b * sgb + t * sgt + h * sgh)[:, None] + cols[None, :]
+    g1 = tl.load(g_at, mask=mask, other=0.0).to(tl.float32)
+    g2 = tl.load(g_at + HALF, mask=mask, other=0.0).to(tl.float32)
+    if ROPE:  # the rotation's transpose: the rotation by minus the angle
+        at = t[:, None] * (2 * HALF) + cols[None, :]
+        c = tl.load(cos_ptr + at, mask=mask, other=0.0)
+        s = tl.load(sin_ptr + at, mask=mask, other=0.0)
+        g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
+    if NORM:  # recompute the normalised row n from x, then dx = r (dn - n mean(dn n))
+        x_at = x_ptr + (b * sxb + t * sxt + h * sxh)[:, None] + cols[None, :]
+        x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
+        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        n1 = x1 * inv[:, None]
+        n2 = x2 * inv[:, None]
+        dot = (tl.sum(g1 * n1, 1) + tl.sum(g2 * n2, 1)) / (2 * HALF)
+        g1 = inv[:, None] * (g1 - n1 * dot[:, None])
+        g2 = inv[:, None] * (g2 - n2 * dot[:, None])
+    dx_at = dx_ptr + r[:, None] * (2 * HALF) + cols[None, :]
+    tl.store(dx_at, g1.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_at + HALF, g2.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _last_dim_dense(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _launch(kernel, x, g, cos, sin, eps, rope):
+    """Run the forward (g None) or backward kernel over x (B, T, H, D), any strides but the last dim's."""
+    B, T, H, D = x.shape
+    x = _last_dim_dense(x)
+    out = torch.empty((B, T, H, D), dtype=x.dtype, device=x.device)
+    rows = B * T * H
+    if rows == 0:
+        return out
+    table = (cos, sin) if rope else (x, x)  # not read without the rotation
+    strides = (*x.stride()[:3],) if g is None else (*x.stride()[:3], *_last_dim_dense(g).stride()[:3])
+    args = (x, out) if g is None else (x, _last_dim_dense(g), out)
+    kernel[(triton.cdiv(rows, ROWS),)](*args, *table, rows, H, T, *strides, eps if eps is not None else 0.0,
+                                      HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+                                      NORM=eps is not None, ROPE=rope, ROWS=ROWS)
+    return out
+
+
+class _NormRotate(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, eps):
+        rope = cos is not None
+        ctx.save_for_backward(q, k, *((cos, sin) if rope else ()))
+        ctx.eps, ctx.rope = eps, rope
+        return _launch(_forward, q, None, cos, sin, eps, rope), _launch(_forward, k, None, cos, sin, eps, rope)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        q, k, *table = ctx.saved_tensors
+        cos, sin = table if ctx.rope else (None, None)
+        dq = _launch(_backward, q, gq, cos, sin, ctx.eps, ctx.rope) if gq is not None else None
+        dk = _launch(_backward, k, gk, cos, sin, ctx.eps, ctx.rope) if gk is not None else None
+        return dq, dk, None, None, None
+
+
+def norm_and_rotate(q, k, rope, eps):
+    """q (B, T, n_head, hs) and k (B, T, n_kv_head, hs), any strides but a dense last dim (views of c_attn's
+    output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
+    (T, hs) float32 as model.rotary makes them. Returns new contiguous (B, T, heads, hs) tensors in q's dtype
+    (under autocast: the autocast dtype, as the plain path's SDPA sees them)."""
+    dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
+    cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
+    return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)

@@ -1,0 +1,102 @@
+"""gpt/fused_qk.py: the Triton kernel for qk_norm and the rotary embedding computes what model.py's plain path
+computes, forward and backward. On the CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
+before the kernels are defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this
+file under torch 2.11's), and the test skips where it is not installed. On a GPU the compiled kernels run
+inside the model (pytest -m cuda)."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# q and k as views of c_attn's output, as the model passes them; the plain path's result and gradients, then
+# the kernel's. Shapes: grouped-query heads, a half-row that is not a power of two (6 of 12), one position
+COMPARE = r"""
+import torch, torch.nn.functional as F
+from model import rotary, apply_rotary
+from gpt.fused_qk import norm_and_rotate
+torch.manual_seed(0)
+for (B, T, H, Hk, D), norm, rope in [((2, 5, 4, 2, 8), True, True), ((2, 5, 3, 3, 6), True, False),
+                                     ((1, 7, 2, 2, 12), False, True), ((3, 1, 2, 1, 4), True, True)]:
+    qkv = (3 * torch.randn(B, T, (H + 2 * Hk) * D)).requires_grad_()
+    table = rotary(torch.arange(T) + 3, D, 10000.0) if rope else None
+
+    def plain():
+        q, k, _ = qkv.split([H * D, Hk * D, Hk * D], -1)
+        q, k = q.view(B, T, H, D).transpose(1, 2), k.view(B, T, Hk, D).transpose(1, 2)
+        if norm:
+            q, k = F.rms_norm(q, (D,), eps=1e-5), F.rms_norm(k, (D,), eps=1e-5)
+        if rope:
+            q, k = apply_rotary(q, *table), apply_rotary(k, *table)
+        return q, k
+
+    def fused():
+        q, k, _ = qkv.split([H * D, Hk * D, Hk * D], -1)
+        q, k = norm_and_rotate(q.view(B, T, H, D), k.view(B, T, Hk, D), table, 1e-5 if norm else None)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    gq, gk = torch.randn(B, H, T, D), torch.randn(B, Hk, T, D)
+    results = []
+    for f in (plain, fused):
+        qkv.grad = None
+        q, k = f()
+        ((q * gq).sum() + (k * gk).sum()).backward()
+        results.append((q.detach(), k.detach(), qkv.grad.clone()))
+    for name, a, b in zip(("q", "k", "grad"), *results):
+        err = (a - b).abs().max().item()
+        assert err < 1e-5, (B, T, H, Hk, D, norm, rope, name, err)
+        assert a.abs().max() > 0.1  # something was computed
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed (torch's CUDA builds bring it; CI runs this under torch 2.11)")
+def test_kernel_computes_the_plain_paths_values_and_gradients():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", COMPARE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
+    from gpt import hardware
+    rope = GPTConfig(n_layer=2, n_head=2, n_embd=32, pos_emb='rope')
+    plain = GPTConfig(n_layer=2, n_head=2, n_embd=32)
+    assert not hardware.can_fuse_qk(True, rope, 'cpu', compiled=False)
+    assert "fused_qk: off (a CUDA GPU's kernel (this run: cpu))" in capsys.readouterr().out
+    assert not hardware.can_fuse_qk(True, rope, 'cuda', compiled=True)
+    assert "compile=True fuses them itself" in capsys.readouterr().out
+    assert not hardware.can_fuse_qk(True, plain, 'cuda', compiled=False)
+    assert "neither qk_norm nor rotary" in capsys.readouterr().out
+    assert not hardware.can_fuse_qk(False, rope, 'cuda', compiled=False)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_model_with_fused_qk_trains_as_the_plain_one_on_a_gpu(family):
+    """bf16 autocast, as training runs: the same loss and gradients to bf16 rounding."""
+    switches = dict(qk_norm=True, pos_emb='rope') if family == 'gpt2' else dict(family='llama', n_kv_head=2)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=256, bias=False,
+                          **switches)).cuda()
+    x = torch.randint(0, 256, (4, 64), device='cuda')
+    y = torch.randint(0, 256, (4, 64), device='cuda')
+    results = []
+    for fused in (False, True):
+        model.config.fused_qk = fused
+        model.zero_grad(set_to_none=True)
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        results.append((loss.item(), [p.grad.float().clone() for p in model.parameters()]))
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    assert abs(plain_loss - fused_loss) < 1e-3 * plain_loss
+    for a, b in zip(plain_grads, fused_grads):
+        assert (a - b).norm() <= 2e-2 * a.norm() + 1e-6
