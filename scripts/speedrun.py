@@ -2,9 +2,12 @@
 """
 The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to back:
 
-1. data/gcide (train.bin, val.bin) from gcide.txt.gz with the benchmark's make_corpus.py, if missing;
+1. data/<--dataset> (gcide by default: train.bin, val.bin), if missing, from its gzipped text (--gcide, or
+   --text): gcide's with the benchmark's make_corpus.py, techdocs' with data/techdocs/prepare.py --text
+   (the same cut and tokens);
 2. karpathy/nanoGPT's own train.py (a copy of the --anchor folder, run in a scratch folder under --out)
-   on the benchmark's config (--nanogpt_config, gcide_nanogpt.py), its stdout lines timestamped here;
+   on the benchmark's config for that corpus (--nanogpt_config: gcide_nanogpt.py,
+   config/techdocs_nanogpt.py), its stdout lines timestamped here;
 3. this project's recipe (--config, config/speedrun_gcide.py) once per seed, its checkpoint at the end;
    and, with --curve, one more run of the first seed that also saves a checkpoint every --curve_tokens
    (those saves cost seconds, so its times are drawn, not reported);
@@ -13,13 +16,17 @@ The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to b
 5. --out/speedrun.md (card, torch, commit, seeds, time and tokens to the target) and --out/speedrun.png
    (val loss against seconds since launch, both trainers). With --nproc=N this project's runs go under
    torchrun on N GPUs, their files named -Ngpu (seed1337-2gpu/, speedrun-2gpu.md, ...) beside a one-GPU
-   call's in the same --out.
+   call's in the same --out; another corpus's files are named after it (nanogpt-techdocs/,
+   seed1337-techdocs/, speedrun-techdocs.md, ...) beside gcide's.
 
 Times are seconds since each process was launched (the moment its stdout line reached this script, which
 runs it unbuffered), so start-up, compilation and evaluations all count.
 
     python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
         --gcide=.shared/data/gcide.txt.gz --nanogpt_config=.shared/bench/gcide_nanogpt.py --seeds=1337,1,2
+    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
+        --text=.shared/data/techdocs.txt.gz --ranks=.shared/data/gpt2.tiktoken \\
+        --nanogpt_config=config/techdocs_nanogpt.py --seeds=1337,1,2
 """
 import argparse
 import glob
@@ -103,7 +110,8 @@ def first_at_or_below(points, target):
 
 def write_table(path, env, target, reference, runs):
     """The markdown report. reference: nanoGPT's (seconds, step, tokens, loss); runs: {seed: points}."""
-    rows = [f"- card: {env['card']}; torch {env['torch']}; commit {env['commit']}",
+    data = f"; data/{env['dataset']}" if env.get("dataset") else ""
+    rows = [f"- card: {env['card']}; torch {env['torch']}; commit {env['commit']}{data}",
             f"- target: nanoGPT's step-{reference[1]} checkpoint, val {target:.4f} over the whole of val.bin, "
             f"its evaluation line at {reference[0]:.1f} s after launch ({reference[2]:,} tokens)", "",
             "| run | seed | final val | time to target (s) | % of nanoGPT's time | tokens to target |",
@@ -155,13 +163,52 @@ def environment():
     return dict(card=card, torch=torch.__version__, commit=commit)
 
 
+def nanogpt_settings(path):
+    """The settings of nanoGPT's config file: plain Python, run as nanoGPT's configurator runs it."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --nanogpt_config {path} does not exist")
+    scope = {}
+    with open(path) as f:
+        exec(f.read(), scope)
+    return scope
+
+
+def corpus(data, dataset, text, corpus_script, ranks):
+    """data (the folder of train.bin and val.bin), built from the gzipped text when it lacks them: by the
+    dataset's own prepare.py where it has one (data/techdocs/prepare.py --text), else by the benchmark's
+    make_corpus.py. Both cut and tokenize alike, so either gives the same files."""
+    if all(os.path.exists(os.path.join(data, f)) for f in ("train.bin", "val.bin")):
+        return
+    prepare = os.path.join(ROOT, "data", dataset, "prepare.py")
+    env = {**os.environ, **({"GPT2_TIKTOKEN_FILE": os.path.abspath(ranks)} if ranks else {})}
+    if text and os.path.isfile(prepare):
+        cmd = [sys.executable, prepare, f"--text={text}", f"--out_dir={data}"]
+    elif text and corpus_script:
+        cmd = [sys.executable, corpus_script, "--input", text, "--out", data] + (["--ranks", ranks] if ranks else [])
+    elif os.path.isfile(prepare):
+        raise SystemExit(f"error: {data} has no train.bin and val.bin: build them with `python data/{dataset}/"
+                         f"prepare.py --text=.shared/data/{dataset}.txt.gz` (the text it assembled), or pass that "
+                         f"text here as --text")
+    else:
+        raise SystemExit(f"error: {data} has no train.bin and val.bin: pass --gcide (the corpus's text) and "
+                         f"--corpus_script (the benchmark's make_corpus.py) to build them")
+    if subprocess.run(cmd, env=env).returncode:
+        raise SystemExit(f"error: {' '.join(cmd)} failed: {data} was not built")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--anchor", required=True, help="folder with karpathy/nanoGPT's train.py, model.py, configurator.py")
-    p.add_argument("--nanogpt_config", required=True, help="the benchmark's gcide_nanogpt.py")
-    p.add_argument("--corpus_script", required=True, help="the benchmark's make_corpus.py")
-    p.add_argument("--gcide", required=True, help="gcide.txt.gz")
-    p.add_argument("--ranks", default="", help="gpt2.tiktoken for make_corpus.py (default: its own default)")
+    p.add_argument("--nanogpt_config", required=True, help="nanoGPT's recipe for --dataset: the benchmark's "
+                   "gcide_nanogpt.py, config/techdocs_nanogpt.py")
+    p.add_argument("--dataset", default="gcide", help="the corpus, data/<dataset>: gcide or techdocs")
+    p.add_argument("--gcide", "--text", dest="text", default="", help="the corpus's gzipped text, to build "
+                   "data/<dataset> where it is missing: gcide.txt.gz (with --corpus_script), or techdocs.txt.gz "
+                   "(built by data/techdocs/prepare.py)")
+    p.add_argument("--corpus_script", default="", help="the benchmark's make_corpus.py, for a corpus without "
+                   "its own data/<dataset>/prepare.py (gcide)")
+    p.add_argument("--ranks", default="", help="gpt2.tiktoken for building the corpus (default: "
+                   "make_corpus.py's own, or $GPT2_TIKTOKEN_FILE)")
     p.add_argument("--config", default=os.path.join(ROOT, "config", "speedrun_gcide.py"))
     p.add_argument("--seeds", default="1337,1,2")
     p.add_argument("--out", default=os.path.join(ROOT, "out-speedrun-compare"))
@@ -180,39 +227,48 @@ def main(argv=None):
     p.add_argument("--nproc", type=int, default=1, help="N > 1: this project's runs under torchrun on N GPUs "
                    "(the same global batch: gradient_accumulation_steps is shared by the processes)")
     a = p.parse_args(argv)
+    from gpt.data import is_dataset_name
+    if not is_dataset_name(a.dataset):
+        raise SystemExit(f"error: --dataset {a.dataset!r} must be the name of a folder in data/")
+    nano_cfg = nanogpt_settings(a.nanogpt_config)
+    if nano_cfg.get("dataset") != a.dataset:
+        raise SystemExit(f"error: --nanogpt_config {a.nanogpt_config} trains on {nano_cfg.get('dataset')!r}, not "
+                         f"--dataset={a.dataset}: give nanoGPT's recipe for {a.dataset}")
+    data = os.path.join(ROOT, "data", a.dataset)
+    corpus(data, a.dataset, a.text, a.corpus_script, a.ranks)
+    val = os.path.join(data, "val.bin")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
-    data = os.path.join(ROOT, "data", "gcide")
-    if not all(os.path.exists(os.path.join(data, f)) for f in ("train.bin", "val.bin")):
-        cmd = [sys.executable, a.corpus_script, "--input", a.gcide, "--out", data]
-        subprocess.run(cmd + (["--ranks", a.ranks] if a.ranks else []), check=True)
-    val = os.path.join(data, "val.bin")
+    # gcide's files keep their names; another corpus's are named after it, so both can share one --out
+    named = "" if a.dataset == "gcide" else f"-{a.dataset}"
 
     # nanoGPT: its three files in a scratch folder, which its train.py runs in (it reads ./configurator.py
     # and ./data/<dataset>/)
-    nano = os.path.join(out, "nanogpt")
+    nano = os.path.join(out, f"nanogpt{named}")
     if a.reference:
         seconds, target = map(float, a.reference.split(","))
-        nano_evals, reference = [], (seconds, 400, 400 * 65536, target)
+        steps = nano_cfg["max_iters"]
+        tokens = steps * nano_cfg["batch_size"] * nano_cfg["block_size"] * nano_cfg["gradient_accumulation_steps"]
+        nano_evals, reference = [], (seconds, steps, tokens, target)
     elif not a.skip_nanogpt:
         shutil.rmtree(nano, ignore_errors=True)
         os.makedirs(os.path.join(nano, "data"))
         for f in ("train.py", "model.py", "configurator.py"):
             shutil.copy(os.path.join(a.anchor, f), nano)
-        os.symlink(data, os.path.join(nano, "data", "gcide"))
+        os.symlink(data, os.path.join(nano, "data", a.dataset))
         run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out",
-                         *a.nanogpt_extra.split()], nano, os.path.join(out, "nanogpt.jsonl"))
+                         *a.nanogpt_extra.split()], nano, os.path.join(out, f"nanogpt{named}.jsonl"))
     if not a.reference:
-        nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, "nanogpt.jsonl")))]
+        nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, f"nanogpt{named}.jsonl")))]
         nano_evals = parse_evals(nano_lines)
         step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
         reference = curve(nano_evals, [(step, tokens, target)])[0]
 
-    extra = a.extra.split()
+    extra = [f"--dataset={a.dataset}", *a.extra.split()]
     trainer = [sys.executable, "train.py"] if a.nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "train.py"]
     # a torchrun call's files beside the one-GPU call's, a tagged recipe's beside the others
-    tag = (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
+    tag = named + (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
     runs, evals = {}, {}
     for seed in [int(s) for s in a.seeds.split(",")]:
         run = os.path.join(out, f"seed{seed}{tag}")
@@ -232,11 +288,12 @@ def main(argv=None):
         scores = [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))]
         curve_points = curve(parse_evals(lines), scores)
 
-    table = write_table(os.path.join(out, f"speedrun{tag}.md"), environment(), target, reference, runs)
+    env = dict(environment(), dataset=a.dataset)
+    table = write_table(os.path.join(out, f"speedrun{tag}.md"), env, target, reference, runs)
     plot(os.path.join(out, f"speedrun{tag}.png"), nano_evals, reference, target, runs, curve_points)
     with open(os.path.join(out, f"speedrun{tag}.json"), "w") as f:
         json.dump(dict(target=target, reference=reference, runs=runs, curve=curve_points, nanogpt_evals=nano_evals,
-                       evals=evals, env=environment()), f, indent=1)
+                       evals=evals, env=env), f, indent=1)
     print(table)
     print(f"wrote {out}/speedrun{tag}.md, speedrun{tag}.png, speedrun{tag}.json")
 
