@@ -121,7 +121,7 @@ def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
     model: the run's GPTConfig."""
     problem = fused_qk and (
         "neither qk_norm nor rotary embeddings to fuse" if not (model.qk_norm or model.rotary)
-        else f"a CUDA GPU's kernel (this run: {device_type})" if device_type != 'cuda'
+        else f"needs a CUDA GPU (this run: {device_type})" if device_type != 'cuda'
         else "compile=True fuses them itself" if compiled
         else "triton is not installed" if importlib.util.find_spec("triton") is None else None)
     if problem and verbose:

@@ -65,6 +65,15 @@ def run_timestamped(cmd, cwd, log_path, env=None):
     return lines
 
 
+def fresh_caches(out, name):
+    """Environment for a cold run: its own empty Triton and inductor cache folders (under out/caches/name),
+    so no run reuses kernels another one compiled; a second launch with the same env is the warm run."""
+    folder = os.path.join(out, "caches", name)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    return {"TRITON_CACHE_DIR": os.path.join(folder, "triton"), "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
+
+
 def parse_evals(lines):
     """The evaluation lines, as [{'step', 'val' (the trainer's own estimate), 't' (arrival), 'since_launch'
     (our train.py's own clock, None for nanoGPT)}]."""
@@ -138,7 +147,7 @@ def plot(path, nanogpt_evals, reference, target, runs, curve_points=None):
             color="gray", label="nanoGPT (its own 20-batch val estimate)")
     ax.plot([reference[0]], [target], "o", color="black", label="nanoGPT's final checkpoint, whole val.bin")
     ax.axhline(target, color="black", lw=0.5)
-    ax.axvline(reference[0] / 2, color="black", lw=0.5, ls=":", label="half of nanoGPT's time")
+    ax.axvline(reference[0] / 4, color="black", lw=0.5, ls=":", label="a quarter of nanoGPT's time")
     for seed, points in runs.items():
         ax.plot([p[0] for p in points], [p[3] for p in points], "s", label=f"this project, seed {seed}, whole val.bin")
     if curve_points:
@@ -213,6 +222,8 @@ def main(argv=None):
     p.add_argument("--seeds", default="1337,1,2")
     p.add_argument("--out", default=os.path.join(ROOT, "out-speedrun-compare"))
     p.add_argument("--curve", type=int, default=1, help="1: one more run saving checkpoints along the way")
+    p.add_argument("--warm", type=int, default=0, help="1: after the cold runs (each with empty compile caches), "
+                   "launch the first seed again with the caches its cold run filled")
     p.add_argument("--curve_tokens", type=int, default=65536 * 40)
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip_nanogpt", action="store_true", help="reuse --out's nanoGPT run")
@@ -257,7 +268,8 @@ def main(argv=None):
             shutil.copy(os.path.join(a.anchor, f), nano)
         os.symlink(data, os.path.join(nano, "data", a.dataset))
         run_timestamped([sys.executable, "train.py", os.path.abspath(a.nanogpt_config), f"--out_dir={nano}/out",
-                         *a.nanogpt_extra.split()], nano, os.path.join(out, f"nanogpt{named}.jsonl"))
+                         *a.nanogpt_extra.split()], nano, os.path.join(out, f"nanogpt{named}.jsonl"),
+                        env=fresh_caches(out, f"nanogpt{named}"))
     if not a.reference:
         nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, f"nanogpt{named}.jsonl")))]
         nano_evals = parse_evals(nano_lines)
@@ -270,13 +282,20 @@ def main(argv=None):
     # a torchrun call's files beside the one-GPU call's, a tagged recipe's beside the others
     tag = named + (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
     runs, evals = {}, {}
-    for seed in [int(s) for s in a.seeds.split(",")]:
-        run = os.path.join(out, f"seed{seed}{tag}")
+    seeds = [int(s) for s in a.seeds.split(",")]
+    # every seed cold (its own empty compile caches); then, with --warm, the first seed launched again with
+    # the caches its cold run filled, as a user's second run on the same machine
+    launches = [(seed, seed, fresh_caches(out, f"seed{seed}{tag}")) for seed in seeds]
+    if a.warm:
+        launches.append((f"{seeds[0]} (warm: second launch)", seeds[0], launches[0][2]))
+    for key, seed, caches in launches:
+        name = f"seed{seed}{tag}" + ("-warm" if isinstance(key, str) else "")
+        run = os.path.join(out, name)
         shutil.rmtree(run, ignore_errors=True)
         lines = run_timestamped([*trainer, a.config, f"--seed={seed}", f"--out_dir={run}", *extra],
-                                ROOT, os.path.join(out, f"seed{seed}{tag}.jsonl"))
-        evals[seed] = parse_evals(lines)
-        runs[seed] = curve(evals[seed], [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))])
+                                ROOT, os.path.join(out, f"{name}.jsonl"), env=caches)
+        evals[key] = parse_evals(lines)
+        runs[key] = curve(evals[key], [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))])
     curve_points = None
     if a.curve:
         run = os.path.join(out, f"curve{tag}")

@@ -69,7 +69,7 @@ def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
     rope = GPTConfig(n_layer=2, n_head=2, n_embd=32, pos_emb='rope')
     plain = GPTConfig(n_layer=2, n_head=2, n_embd=32)
     assert not hardware.can_fuse_qk(True, rope, 'cpu', compiled=False)
-    assert "fused_qk: off (a CUDA GPU's kernel (this run: cpu))" in capsys.readouterr().out
+    assert "fused_qk: off (needs a CUDA GPU (this run: cpu))" in capsys.readouterr().out
     assert not hardware.can_fuse_qk(True, rope, 'cuda', compiled=True)
     assert "compile=True fuses them itself" in capsys.readouterr().out
     assert not hardware.can_fuse_qk(True, plain, 'cuda', compiled=False)

@@ -76,7 +76,7 @@ def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa
     at the end, its eval line parsed and the checkpoint scored over the whole val.bin."""
     out = tmp_path / "run"
     r = train(data_dir, out, "config/speedrun_gcide.py", f"--out_dir={out}", "--device=cpu", "--dtype=float32",
-              "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
+              "--compile=False", "--n_layer=6", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2",
               "--total_batch_size=128",
               "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=6", "--checkpoint_interval=6", "--eval_iters=1",
               "--warmup_iters=1", "--log_interval=1")
