@@ -71,7 +71,8 @@ def fresh_caches(out, name):
     folder = os.path.join(out, "caches", name)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
-    return {"TRITON_CACHE_DIR": os.path.join(folder, "triton"), "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
+    return {"TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
 
 
 def parse_evals(lines):
