@@ -7,16 +7,17 @@
 # CONFIG=config/speedrun_gcide_next.py picks the recipe (default config/speedrun_gcide.py); DATASET=techdocs
 # another corpus; SCORE=0 skips the scoring (for timing variants only); GPUS=4 runs the list four at a time,
 # one run per GPU (run i on GPU i mod 4, each GPU's runs in turn: a tuning shortcut, since runs beside each
-# other share the host's CPUs and disk; time the final recipe alone).
+# other share the host's CPUs and disk; time the final recipe alone), from GPU FIRST_GPU on (default 0).
 set -uo pipefail
 out=${OUT:-bench-out}; mkdir -p "$out"
 config=${CONFIG:-config/speedrun_gcide.py}
 dataset=${DATASET:-gcide}
 gpus=${GPUS:-1}
+first_gpu=${FIRST_GPU:-0}
 export PYTHONUNBUFFERED=1
 
 run_one() {  # index, extra settings
-    local i=$1 extra=$2 dir="o-sweep-$1" n start wall
+    local i=$1 extra=$2 dir="o-sweep-$dataset-$1" n start wall
     rm -rf "$dir"
     n=$(echo "$extra" | sed -n 's/.*--max_iters=\([0-9]*\).*/\1/p'); n=${n:-260}
     start=$(date +%s.%N)
@@ -46,7 +47,7 @@ EOF
 args=("$@")
 for ((g = 0; g < gpus; g++)); do
     (
-        [ "$gpus" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$g
+        [ "$gpus" -gt 1 ] && export CUDA_VISIBLE_DEVICES=$((g + first_gpu))
         for ((i = g; i < ${#args[@]}; i += gpus)); do run_one "$((i + 1))" "${args[$i]}"; done
     ) &
 done
