@@ -88,17 +88,17 @@ def _last_dim_dense(x):
 
 
 def _launch(kernel, x, g, cos, sin, eps, rope):
-    """Run the forward (g None) or backward kernel over x (B, T, H, D), any strides but the last dim's."""
+    """Run the forward (g None) or backward kernel over x (B, T, H, D) (and g, of x's shape), any strides but
+    the last dim's."""
     B, T, H, D = x.shape
-    x = _last_dim_dense(x)
     out = torch.empty((B, T, H, D), dtype=x.dtype, device=x.device)
     rows = B * T * H
     if rows == 0:
         return out
+    inputs = [_last_dim_dense(t) for t in ((x,) if g is None else (x, g))]
+    strides = [s for t in inputs for s in t.stride()[:3]]
     table = (cos, sin) if rope else (x, x)  # not read without the rotation
-    strides = (*x.stride()[:3],) if g is None else (*x.stride()[:3], *_last_dim_dense(g).stride()[:3])
-    args = (x, out) if g is None else (x, _last_dim_dense(g), out)
-    kernel[(triton.cdiv(rows, ROWS),)](*args, *table, rows, H, T, *strides, eps if eps is not None else 0.0,
+    kernel[(triton.cdiv(rows, ROWS),)](*inputs, out, *table, rows, H, T, *strides, eps if eps is not None else 0.0,
                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
                                       NORM=eps is not None, ROPE=rope, ROWS=ROWS)
     return out

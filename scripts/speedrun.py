@@ -286,11 +286,10 @@ def main(argv=None):
     seeds = [int(s) for s in a.seeds.split(",")]
     # every seed cold (its own empty compile caches); then, with --warm, the first seed launched again with
     # the caches its cold run filled, as a user's second run on the same machine
-    launches = [(seed, seed, fresh_caches(out, f"seed{seed}{tag}")) for seed in seeds]
+    launches = [(seed, seed, f"seed{seed}{tag}", fresh_caches(out, f"seed{seed}{tag}")) for seed in seeds]
     if a.warm:
-        launches.append((f"{seeds[0]} (warm: second launch)", seeds[0], launches[0][2]))
-    for key, seed, caches in launches:
-        name = f"seed{seed}{tag}" + ("-warm" if isinstance(key, str) else "")
+        launches.append((f"{seeds[0]} (warm: second launch)", seeds[0], f"seed{seeds[0]}{tag}-warm", launches[0][3]))
+    for key, seed, name, caches in launches:
         run = os.path.join(out, name)
         shutil.rmtree(run, ignore_errors=True)
         lines = run_timestamped([*trainer, a.config, f"--seed={seed}", f"--out_dir={run}", *extra],
