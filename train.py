@@ -128,6 +128,9 @@ startup.part('plan')
 distributed.init_process(device, config['backend'], config['dist_timeout_minutes'])  # torchrun: join the group
 if run.torchrun:
     startup.part('process group')
+if run.model['fused_qk']:  # the fused kernel's first compile (1-2 s cold) runs while the data and model are set up
+    from gpt import fused_qk
+    fused_qk.compile_ahead(GPTConfig(**run.model), run.device, getattr(torch, run.dtype))
 
 
 def loader(split, stream):
@@ -200,8 +203,10 @@ source = None  # free up memory (a checkpoint's tensors)
 # the whole training step as one CUDA graph (gpt/stepgraph.py), where the plan says it can be
 step_graph = None
 if run.cuda_graph:
+    # eager steps before the capture set up cuBLAS and the optimizer's state: one does it uncompiled; a compiled
+    # model may recompile on its next calls, so 3 there, as torch's CUDA graph docs do
     step_graph = stepgraph.StepGraph(model, optimizer, ctx, grad_clip, run.micro_steps, run.micro_batch,
-                                     run.block_size, device, scaler=scaler)
+                                     run.block_size, device, scaler=scaler, warmups=3 if run.compile else 1)
 startup.part('optimizer and state')
 
 

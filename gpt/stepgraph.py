@@ -24,8 +24,9 @@ class StepGraph:
     same code eagerly on the same buffers, the way the CPU tests check it."""
 
     def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True,
-                 scaler=None):
+                 scaler=None, warmups=3):
         self.model, self.optimizer, self.ctx, self.graphed = model, optimizer, ctx, graphed
+        self.warmups = warmups  # eager steps before the capture: 1 sets up an uncompiled model, compile needs more
         self.grad_clip, self.accum = grad_clip, accum
         self.scaler = scaler or torch.amp.GradScaler(torch.device(device).type, enabled=False)
         self.x = torch.zeros((accum, batch_size, block_size), dtype=torch.long, device=device)
@@ -70,7 +71,7 @@ class StepGraph:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            for _ in range(3):
+            for _ in range(self.warmups):
                 self.body(update=False)
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.set_rng_state(rng, device)

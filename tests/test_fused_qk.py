@@ -64,6 +64,32 @@ def test_kernel_computes_the_plain_paths_values_and_gradients():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
 
 
+# compile_ahead's thread (train.py starts it before building the model) runs both kernels on a dummy of the
+# model's layout, and the first launch waits for it, so that no kernel is compiled twice at once
+AHEAD = r"""
+import torch
+from model import GPTConfig
+from gpt import fused_qk
+for config in (GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=8, qk_norm=True, pos_emb='rope'),
+               GPTConfig(n_layer=1, n_head=4, n_kv_head=2, n_embd=32, block_size=8, family='llama')):
+    fused_qk.compile_ahead(config, 'cpu', torch.float32)
+    thread = fused_qk._compiling
+    q, k = torch.randn(2, 8, 4, 8), torch.randn(2, 8, 2, 8)
+    fused_qk.norm_and_rotate(q, k, None, 1e-5)
+    assert fused_qk._compiling is None and not thread.is_alive(), "the launch did not wait"
+    assert thread.error is None, repr(thread.error)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="triton is not installed (torch's CUDA builds bring it; CI runs this under torch 2.11)")
+def test_compile_ahead_runs_both_kernels_and_the_first_launch_waits_for_it():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", AHEAD], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+
+
 def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
     from gpt import hardware
     rope = GPTConfig(n_layer=2, n_head=2, n_embd=32, pos_emb='rope')
