@@ -54,21 +54,21 @@ decay_lr = True
 # Muon makes more of a token in smaller steps (at the same tokens, 16,384 a step reached a lower loss than
 # 32,768 and 65,536), and a step of 16 sequences still keeps an H100 busy (docs/speedrun.md's table). On two
 # or four GPUs the same 16 sequences are split between them (gpt/schedule.py's split_batch). The run's length
-# is the knob that trades time against loss: 220 steps = 3.6M tokens (14% of nanoGPT's 26.2M). The WSD decay
+# is the knob that trades time against loss: 210 steps = 3.4M tokens (13% of nanoGPT's 26.2M). The WSD decay
 # ends with the run, so the best checkpoint is the last one: change max_iters, not where to stop reading (and
 # warmup_iters with it, about a sixth of the run).
 total_batch_size = 16_384
 batch_size = 16
-max_iters = 220
+max_iters = 210
 warmup_iters = 35
 
 # the clock starts at launch, so evaluate as little as gives a reading: at step 0 (always) and at the end,
 # on 5 batches; the verdict is scripts/speedrun.py's pass over the whole of val.bin on the saved checkpoint
-eval_interval = 220
+eval_interval = 210
 eval_iters = 5
 log_interval = 40
 always_save_checkpoint = False
-checkpoint_interval = 220  # one checkpoint, at the end
+checkpoint_interval = 210  # one checkpoint, at the end
 wandb_log = False
 
 # speed: the clock starts at launch, and a cold compile (~45 s before the first step on an H100) costs more

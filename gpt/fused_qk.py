@@ -98,10 +98,6 @@ def _last_dim_dense(x):
 def _launch(kernel, x, g, cos, sin, eps, rope):
     """Run the forward (g None) or backward kernel over x (B, T, H, D) (and g, of x's shape), any strides but
     the last dim's."""
-    global _compiling
-    if _compiling is not None and _compiling is not threading.current_thread():
-        _compiling.join()  # then this launch finds its kernel compiled, not compiling it a second time
-        _compiling = None
     B, T, H, D = x.shape
     out = torch.empty((B, T, H, D), dtype=x.dtype, device=x.device)
     rows = B * T * H
@@ -139,6 +135,12 @@ def norm_and_rotate(q, k, rope, eps):
     output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
     (T, hs) float32 as model.rotary makes them. Returns new contiguous (B, T, heads, hs) tensors in q's dtype
     (under autocast: the autocast dtype, as the plain path's SDPA sees them)."""
+    global _compiling
+    # the first call waits for compile_ahead's thread, and then finds both kernels compiled. Only here, at the
+    # forward's entry: a backward may run on autograd's own thread, the thread's own one too, which must not wait
+    if _compiling is not None and _compiling is not threading.current_thread():
+        _compiling.join()
+        _compiling = None
     dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
     cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
     return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)

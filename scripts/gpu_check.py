@@ -50,7 +50,7 @@ GPT2 = ["config/train_gpt2.py", "--dataset=synth", "--total_batch_size=49152", "
 CHAR = ["config/train_shakespeare_char.py", "--dropout=0.0", *FEW]
 
 
-def sh(cmd, log, timeout=600, env=None):
+def sh(cmd, log, timeout=300, env=None):
     """Run cmd (a list) from the repository root; its output into log. Returns (exit status, output)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", **(env or {})}
     try:

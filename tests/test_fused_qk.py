@@ -78,6 +78,20 @@ for config in (GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=8, qk_norm=T
     fused_qk.norm_and_rotate(q, k, None, 1e-5)
     assert fused_qk._compiling is None and not thread.is_alive(), "the launch did not wait"
     assert thread.error is None, repr(thread.error)
+# the backward never waits for the thread (on a GPU the thread's own backward runs on autograd's device thread,
+# which would then wait for the thread that waits for it); a forward does
+import threading, time
+release = threading.Event()
+fused_qk._compiling = threading.Thread(target=release.wait, args=(10,))  # a bug waits 10 s, then fails
+fused_qk._compiling.start()
+q = torch.randn(2, 8, 4, 8, requires_grad=True)
+out = fused_qk._NormRotate.apply(q, q, None, None, 1e-5)
+(out[0].sum() + out[1].sum()).backward()  # a backward while the thread still runs
+assert fused_qk._compiling.is_alive() and q.grad is not None
+threading.Timer(0.5, release.set).start()
+start = time.time()
+fused_qk.norm_and_rotate(q, q, None, 1e-5)
+assert time.time() - start >= 0.4 and fused_qk._compiling is None, "the forward did not wait"
 print("ok")
 """
 
@@ -126,3 +140,35 @@ def test_a_model_with_fused_qk_trains_as_the_plain_one_on_a_gpu(family):
     assert abs(plain_loss - fused_loss) < 1e-3 * plain_loss
     for a, b in zip(plain_grads, fused_grads):
         assert (a - b).norm() <= 2e-2 * a.norm() + 1e-6
+
+
+# train.py's order on a GPU: the thread started, the model built, a step under autocast. In a subprocess with a
+# time limit: a wait that never ends fails here rather than hanging the check. The thread compiled the very
+# variants (Triton's specialisations) the model's calls use, so the step compiles none of its own
+ON_GPU = r"""
+import torch
+from model import GPT, GPTConfig
+from gpt import fused_qk
+config = GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=256, bias=False, qk_norm=True,
+                   pos_emb='rope', fused_qk=True)
+fused_qk.compile_ahead(config, 'cuda', torch.bfloat16)
+thread = fused_qk._compiling
+model = GPT(config).cuda()
+compiled = lambda: [sum(len(c[0]) for c in k.device_caches.values()) for k in (fused_qk._forward, fused_qk._backward)]
+x = torch.randint(0, 256, (4, 64), device='cuda')
+with torch.autocast('cuda', dtype=torch.bfloat16):
+    _, loss = model(x, x)
+assert fused_qk._compiling is None and thread.error is None, repr(thread.error)
+ahead = compiled()
+loss.backward()
+torch.cuda.synchronize()
+assert ahead == [1, 1] and compiled() == [1, 1], (ahead, compiled())
+print("ok")
+"""
+
+
+@pytest.mark.cuda
+def test_compile_ahead_compiles_what_a_training_step_uses_on_a_gpu():
+    out = subprocess.run([sys.executable, "-c", ON_GPU], env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
