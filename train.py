@@ -128,9 +128,6 @@ startup.part('plan')
 distributed.init_process(device, config['backend'], config['dist_timeout_minutes'])  # torchrun: join the group
 if run.torchrun:
     startup.part('process group')
-if run.model['fused_qk']:  # the fused kernel's first compile (1-2 s cold) runs while the data and model are set up
-    from gpt import fused_qk
-    fused_qk.compile_ahead(GPTConfig(**run.model), run.device, getattr(torch, run.dtype))
 
 
 def loader(split, stream):

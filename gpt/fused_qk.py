@@ -13,20 +13,12 @@ second half) pair rotated by its position's angle as transformers' rotate_half d
     y1 = n1 cos - n2 sin,   y2 = n2 cos + n1 sin
 and its gradient: the rotation by minus the angle, then RMSNorm's backward, dx = r (dn - n mean(dn n)).
 tests/test_fused_qk.py checks both against the plain path under Triton's interpreter, on the CPU.
-
-A process's first call is slow: Triton hashes its own library for its cache key, and a cold first compile also
-builds each kernel's C launcher with the system's C compiler (about 0.5 s with Triton's cache, 1-2 s without, on
-an H100 machine). compile_ahead() does that in a background thread while train.py builds the model.
 """
-import threading
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 ROWS = 64  # rows (one head of one token each) per program
-_compiling = None  # compile_ahead()'s thread, until a launch has waited for it
 
 
 @triton.jit
@@ -135,45 +127,6 @@ def norm_and_rotate(q, k, rope, eps):
     output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
     (T, hs) float32 as model.rotary makes them. Returns new contiguous (B, T, heads, hs) tensors in q's dtype
     (under autocast: the autocast dtype, as the plain path's SDPA sees them)."""
-    global _compiling
-    # the first call waits for compile_ahead's thread, and then finds both kernels compiled. Only here, at the
-    # forward's entry: a backward may run on autograd's own thread, the thread's own one too, which must not wait
-    if _compiling is not None and _compiling is not threading.current_thread():
-        _compiling.join()
-        _compiling = None
     dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
     cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
     return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)
-
-
-def compile_ahead(config, device, dtype):
-    """Start compiling both kernels for a model of this GPTConfig, whose attention runs in dtype on device, in a
-    background thread, and return. The first launch waits for the thread. Its inputs are one sequence laid out
-    as model.py's attention lays out its own (views of c_attn's output, SDPA's gradients), so that Triton
-    compiles the specialisation the model's calls use; a call it does not match compiles its own, as it would
-    without this, and a failure here is left to the model's first call to meet: this changes time, not
-    results."""
-    global _compiling
-
-    def compile_both():
-        H, Hkv, hs, T = config.n_head, config.n_kv_head, config.n_embd // config.n_head, config.block_size
-        qkv = torch.randn(1, T, (H + 2 * Hkv) * hs, device=device, dtype=dtype, requires_grad=True)
-        q, k, v = qkv.split([H * hs, Hkv * hs, Hkv * hs], dim=2)
-        rope = (torch.ones(T, hs, device=device),) * 2 if config.rotary else None
-        q, k = norm_and_rotate(q.view(1, T, H, hs), k.view(1, T, Hkv, hs), rope,
-                               config.norm_eps if config.qk_norm else None)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(1, T, Hkv, hs).transpose(1, 2)
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-        y.backward(torch.randn(y.shape, device=device, dtype=dtype))  # dense, as c_proj's backward hands it on
-
-    def run():
-        try:
-            compile_both()
-        except Exception as e:  # noqa: BLE001 - the model's own first call compiles again and raises what failed
-            thread.error = e
-
-    thread = threading.Thread(target=run, name="fused_qk compile", daemon=True)
-    thread.error = None
-    _compiling = thread
-    thread.start()
