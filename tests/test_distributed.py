@@ -42,10 +42,11 @@ def losses(out_dir):
 @pytest.fixture(scope="module")
 def runs(shards, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
-    out = {name: tmp / name for name in ("one", "ddp", "fsdp", "fsdp_halves")}
+    out = {name: tmp / name for name in ("one", "ddp", "fsdp", "fsdp_keep", "fsdp_halves")}
     train(shards, out["one"], max_iters=8)
     train(shards, out["ddp"], nproc=2, max_iters=8)
     train(shards, out["fsdp"], nproc=2, max_iters=8, parallelism="fsdp")
+    train(shards, out["fsdp_keep"], nproc=2, max_iters=8, parallelism="fsdp", fsdp_reshard_after_forward=False)
     train(shards, out["fsdp_halves"], nproc=2, max_iters=4, parallelism="fsdp")
     r = train(shards, out["fsdp_halves"], nproc=2, max_iters=8, parallelism="fsdp", init_from="resume")
     out["resume_log"] = r.stdout
@@ -67,6 +68,10 @@ def test_fsdp_computes_what_ddp_does(runs):
     assert_same_training(log_rows(runs["fsdp"]), log_rows(runs["ddp"]), TERMS, params)
     files = sorted(os.listdir(runs["fsdp"] / "ckpt_dcp"))
     assert "train_state.pt" in files and len([f for f in files if f.endswith(".distcp")]) == 2  # a part per rank
+
+
+def test_fsdp_without_reshard_after_the_forward_computes_the_same(runs):
+    assert losses(runs["fsdp_keep"]) == losses(runs["fsdp"])  # bitwise: the same sums, only memory differs
 
 
 def test_fsdp_resumes_exactly(runs):
