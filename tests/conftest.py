@@ -17,6 +17,7 @@ import sys
 import tarfile
 import tempfile
 
+import forkserver
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,14 +63,20 @@ def _cuda():
     return torch.cuda.is_available()
 
 
-def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300):
+def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300, fresh=False):
     """Run a script (or `-c code`) of the repository as a user would: `python script args` in the repository,
     or torchrun with nproc processes. One thread per process (see above). check: it must exit 0 without a
-    traceback. Returns the CompletedProcess (text stdout and stderr)."""
-    launcher = [*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+    traceback. Returns the CompletedProcess (text stdout and stderr). A repository script in one process is
+    forked from a process that has imported torch (tests/forkserver.py: the suite's time is mostly torch's
+    import otherwise); fresh=True, or any variables of its own in env, gets a new interpreter."""
+    extra_env = env
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
-    r = subprocess.run([*launcher, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout, env=env)
+    if not fresh and forkserver.usable(script, nproc, extra_env, cwd, ROOT):
+        r = forkserver.run([script, *args], cwd, env, timeout)
+    else:
+        launcher = [*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+        r = subprocess.run([*launcher, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                           timeout=timeout, env=env)
     if check:
         what = " ".join(map(str, [script, *args]))
         assert r.returncode == 0, f"{what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

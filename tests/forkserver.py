@@ -1,0 +1,161 @@
+"""
+The tests' script launches (conftest.run), forked from a process that has already imported numpy and torch.
+
+Why: most tests run a script as a user would, `python train.py ...`, and on CI's 2 cores every such process
+spends ~1.5 s of CPU importing torch before it does anything: most of the suite's time. Here one server
+process per test worker imports them once; each launch is a fork of it that runs the script as the
+interpreter would: its argv, working folder, environment and sys.path[0], the script as __main__, stdout and
+stderr in files, stdin empty, an uncaught exception through sys.excepthook (whose SystemExit sets the status,
+as gpt/errors.py's does) and the interpreter's own exit (atexit, finalization). The caller gets a
+subprocess.CompletedProcess, as from subprocess.run.
+
+What a fork cannot give is a fresh interpreter: torch's import has happened before the script starts (so its
+start-up line's "import torch" is ~0 s), and the signals a test sends need a process of its own. Launches that
+need one go through subprocess as before: torchrun, `-c` code, other scripts than the repository's .py files,
+a call with environment variables of its own, everything off Linux (a fork of a process that has loaded
+macOS's frameworks is unsafe), and everything when NANOGPT_TESTS_FRESH=1 (CI runs its torch 2.11 leg that way).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+# the server: reads one JSON request a line on stdin, forks a child for it, and writes {"id", "pid"} at once
+# and {"id", "status"} when the child ends. Single-threaded (a fork copies only the forking thread, so no
+# other thread may hold a lock then): it waits for requests and children in one loop.
+SERVER = r"""
+import json, os, select, sys
+import numpy, torch  # what every launch would import first
+
+def child(request):
+    os.setpgid(0, 0)  # its own process group: a timeout kills it and whatever it started
+    for fd, (path, flags) in enumerate([(os.devnull, os.O_RDONLY),
+                                        (request["stdout"], os.O_WRONLY | os.O_TRUNC),
+                                        (request["stderr"], os.O_WRONLY | os.O_TRUNC)]):
+        os.dup2(os.open(path, flags), fd)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    import runpy
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        kind, value, tb = sys.exc_info()
+        while tb is not None and tb.tb_frame.f_code.co_filename != script:  # from the script's frames on
+            tb = tb.tb_next
+        if tb is not None:
+            value.__traceback__ = tb  # what the default hook prints (it reads the exception's own)
+        try:
+            sys.excepthook(kind, value, value.__traceback__)
+            code = 1
+        except SystemExit as e:
+            code = e.code
+    sys.exit(code)
+
+requests = os.fdopen(0, "rb", buffering=0)
+replies = os.fdopen(1, "w", buffering=1)
+buffer, children = b"", {}
+while True:
+    ready, _, _ = select.select([requests], [], [], 0.02 if children else None)
+    if ready:
+        data = os.read(requests.fileno(), 65536)
+        if not data:
+            break
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                child(request)
+            children[pid] = request["id"]
+            replies.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        replies.write(json.dumps({"id": children.pop(pid), "status": os.waitstatus_to_exitcode(status)}) + "\n")
+"""
+
+
+class ForkServer:
+    """One server process (started at the first launch), shared by the calling process's threads."""
+
+    def __init__(self, env):
+        self.env = dict(env)
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=self.env, text=True, bufsize=1)
+        self.lock = threading.Lock()
+        self.waiting = {}  # id -> [event for the pid, event for the status, pid, status]
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            reply = json.loads(line)
+            slot = self.waiting[reply["id"]]
+            if "pid" in reply:
+                slot[2] = reply["pid"]
+                slot[0].set()
+            else:
+                slot[3] = reply["status"]
+                slot[1].set()
+        for slot in list(self.waiting.values()):  # the server died: nobody waits forever
+            slot[0].set()
+            slot[1].set()
+
+    def run(self, argv, cwd, env, timeout):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            for path in (out, err):
+                open(path, "w").close()
+            with self.lock:
+                self.next_id += 1
+                key = self.next_id
+                slot = self.waiting[key] = [threading.Event(), threading.Event(), None, None]
+                self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "cwd": str(cwd), "env": env,
+                                                  "stdout": out, "stderr": err}) + "\n")
+                self.proc.stdin.flush()
+            slot[0].wait()
+            if not slot[1].wait(timeout):
+                os.killpg(slot[2], 9)
+                slot[1].wait()
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+            del self.waiting[key]
+            if slot[3] is None:
+                raise RuntimeError("the tests' fork server ended")
+            with open(out) as f_out, open(err) as f_err:
+                return subprocess.CompletedProcess([sys.executable, *argv], slot[3], f_out.read(), f_err.read())
+
+
+_server = None
+_server_lock = threading.Lock()
+
+
+def usable(script, nproc, extra_env, cwd, root):
+    """Whether a launch can be a fork: one process, a .py file of the repository, no variables of its own."""
+    path = os.path.abspath(os.path.join(str(cwd), str(script)))
+    return (os.environ.get("NANOGPT_TESTS_FRESH") != "1" and sys.platform.startswith("linux")  # macOS: no fork
+            and nproc == 1 and not extra_env
+            and str(script).endswith(".py") and path.startswith(os.path.abspath(root) + os.sep))
+
+
+def run(argv, cwd, env, timeout):
+    """The script (argv[0]) with its arguments, forked from the server (made at the first call with `env`)."""
+    global _server
+    with _server_lock:
+        if _server is None or _server.proc.poll() is not None:
+            _server = ForkServer(env)
+    return _server.run([str(a) for a in argv], cwd, env, timeout)
