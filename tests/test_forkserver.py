@@ -9,6 +9,8 @@ import forkserver
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server runs on Linux only")
+
 SCRIPT = r"""
 import atexit, os, sys
 sys.path.insert(0, os.environ["ROOT"])
@@ -53,10 +55,13 @@ def test_a_launch_past_its_time_is_killed(tmp_path):
         forkserver.run([str(script)], tmp_path, dict(os.environ), timeout=2)
 
 
-def test_only_a_repository_script_in_one_process_is_forked(tmp_path):
+def test_only_a_repository_script_in_one_process_is_forked(tmp_path, monkeypatch):
+    monkeypatch.delenv("NANOGPT_TESTS_FRESH", raising=False)
     assert forkserver.usable("train.py", 1, None, ROOT, ROOT)
     assert forkserver.usable(os.path.join("data", "text", "prepare.py"), 1, None, ROOT, ROOT)
     assert not forkserver.usable("train.py", 2, None, ROOT, ROOT)  # torchrun
     assert not forkserver.usable("train.py", 1, {"WANDB_MODE": "offline"}, ROOT, ROOT)  # variables of its own
     assert not forkserver.usable("-c", 1, None, ROOT, ROOT)
     assert not forkserver.usable(str(tmp_path / "x.py"), 1, None, ROOT, ROOT)  # not the repository's
+    monkeypatch.setenv("NANOGPT_TESTS_FRESH", "1")
+    assert not forkserver.usable("train.py", 1, None, ROOT, ROOT)
