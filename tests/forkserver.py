@@ -90,6 +90,15 @@ while True:
 """
 
 
+class Launch:
+    """One request's progress, as the server's replies tell it: forked (with its pid), then ended (with its
+    exit status, negative for a signal, as subprocess gives it)."""
+
+    def __init__(self):
+        self.forked, self.ended = threading.Event(), threading.Event()
+        self.pid = self.status = None
+
+
 class ForkServer:
     """One server process (started at the first launch), shared by the calling process's threads."""
 
@@ -98,23 +107,23 @@ class ForkServer:
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=self.env, text=True, bufsize=1)
         self.lock = threading.Lock()
-        self.waiting = {}  # id -> [event for the pid, event for the status, pid, status]
+        self.waiting = {}  # id -> Launch
         self.next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
         for line in self.proc.stdout:
             reply = json.loads(line)
-            slot = self.waiting[reply["id"]]
+            launch = self.waiting[reply["id"]]
             if "pid" in reply:
-                slot[2] = reply["pid"]
-                slot[0].set()
+                launch.pid = reply["pid"]
+                launch.forked.set()
             else:
-                slot[3] = reply["status"]
-                slot[1].set()
-        for slot in list(self.waiting.values()):  # the server died: nobody waits forever
-            slot[0].set()
-            slot[1].set()
+                launch.status = reply["status"]
+                launch.ended.set()
+        for launch in list(self.waiting.values()):  # the server died: nobody waits forever
+            launch.forked.set()
+            launch.ended.set()
 
     def run(self, argv, cwd, env, timeout):
         with tempfile.TemporaryDirectory() as tmp:
@@ -124,20 +133,20 @@ class ForkServer:
             with self.lock:
                 self.next_id += 1
                 key = self.next_id
-                slot = self.waiting[key] = [threading.Event(), threading.Event(), None, None]
+                launch = self.waiting[key] = Launch()
                 self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "cwd": str(cwd), "env": env,
                                                   "stdout": out, "stderr": err}) + "\n")
                 self.proc.stdin.flush()
-            slot[0].wait()
-            if not slot[1].wait(timeout):
-                os.killpg(slot[2], 9)
-                slot[1].wait()
+            launch.forked.wait()
+            if not launch.ended.wait(timeout):
+                os.killpg(launch.pid, 9)
+                launch.ended.wait()
                 raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
             del self.waiting[key]
-            if slot[3] is None:
+            if launch.status is None:
                 raise RuntimeError("the tests' fork server ended")
             with open(out) as f_out, open(err) as f_err:
-                return subprocess.CompletedProcess([sys.executable, *argv], slot[3], f_out.read(), f_err.read())
+                return subprocess.CompletedProcess([sys.executable, *argv], launch.status, f_out.read(), f_err.read())
 
 
 _server = None
