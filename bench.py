@@ -17,7 +17,7 @@ import torch
 import torch._functorch.config
 
 import configurator
-from gpt import errors, generation, hardware, settings, stepgraph
+from gpt import errors, generation, hardware, muon, optim, settings, stepgraph
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
 from gpt.loader import check_ids, check_split
 from gpt.step import set_lr, train_step
@@ -36,8 +36,10 @@ model_options = GPTConfig.options()  # the model's switches, as train.py's (--qk
 real_data = False  # True: windows of data/<dataset>/train.bin; False: random tokens
 dataset = 'openwebtext'
 data_dir = ''  # real_data from this folder instead of data/<dataset>
+optimizer = 'adamw'  # or 'muon' (Muon for the blocks' matrices, AdamW the rest), as train.py's setting
 learning_rate = 6e-4
 weight_decay = 1e-1
+muon_options = dict(muon.OPTIONS)  # optimizer='muon': muon_lr, muon_momentum, ... as train.py's
 grad_clip = 1.0
 warmup_steps = 10  # untimed steps (compilation, allocator warm-up)
 timed_steps = 30
@@ -57,8 +59,11 @@ peak_flops = 0.0  # 0: from gpt/hardware.py's table
 out_json = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
-config = configurator.apply(globals(), sys.argv[1:], model_options)
+config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options)
 settings.check_bench(config)  # values that are the right type but make no sense: one line each
+optim.check(optimizer, 'none')
+for line in settings.inert_bench(config):
+    print(f"note: {line}")
 
 
 def profile_path(B):
@@ -157,19 +162,21 @@ def bench_train(B):
     torch.manual_seed(seed)
     model = GPT(model_config).to(device)
     model.config.fused_loss = fused_loss
-    optimizer = model.configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), device_type)
+    chosen = dict(name=optimizer, learning_rate=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.95),
+                  **muon_options)
+    opt = optim.build(model, chosen, device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == 'float16')
     if cuda_graph:  # the same step, replayed from a graph
-        graph = stepgraph.StepGraph(step_model, optimizer, ctx, grad_clip, 1, B, block_size, device, scaler=scaler)
-        set_lr(optimizer, learning_rate)
+        graph = stepgraph.StepGraph(step_model, opt, ctx, grad_clip, 1, B, block_size, device, scaler=scaler)
+        set_lr(opt, learning_rate)
 
         def step():
             return graph.run([next(data)])[0]
     else:
         def step():  # train.py's step (gpt/step.py), one micro-step
-            return train_step(step_model, optimizer, scaler, [next(data)], 1, ctx, grad_clip)[0]
+            return train_step(step_model, opt, scaler, [next(data)], 1, ctx, grad_clip)[0]
     if device_type == 'cuda':
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -151,7 +151,16 @@ def check_bench(c):
             ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('seed', *SEED),
             ('activation_memory_budget', lambda v: 0 <= v <= 1, "between 0 and 1 (1: recompute nothing)"),
             ('check_batch_size', lambda v: v >= 0, "0 (skip) or more"),
-            ('peak_flops', lambda v: v >= 0, "0 (from the table) or more")], c)
+            ('peak_flops', lambda v: v >= 0, "0 (from the table) or more"),
+            ('muon_lr', lambda v: v > 0, "positive (to time AdamW alone: --optimizer=adamw)"),
+            ('muon_momentum', *FRACTION), ('muon_weight_decay', *NOT_NEGATIVE)], c)
+
+
+def inert_bench(c):
+    """bench.py's settings the user gave that its other settings make do nothing (as inert())."""
+    return _unused(c, [(('muon_lr', 'muon_momentum', 'muon_weight_decay'), c['optimizer'] != 'muon',
+                        f"optimizer={c['optimizer']!r} trains without Muon"),
+                       (('muon_shard',), True, "bench.py runs one process")])
 
 
 def check_hellaswag(c):

@@ -22,6 +22,11 @@ def test_bench_checks_out_json_before_benchmarking(tmp_path):
     assert "train B=" not in r.stdout
 
 
+def test_bench_refuses_an_unknown_optimizer_before_benchmarking():
+    line = one_error_line(run("bench.py", "--device=cpu", "--optimizer=sgd", check=False))
+    assert line.startswith("error: unknown optimizer 'sgd'") and "'muon'" in line, line
+
+
 def test_convert_checkpoint_without_a_sharded_checkpoint(tmp_path):
     (tmp_path / "ckpt_dcp").mkdir()
     line = one_error_line(run("convert_checkpoint.py", f"--out_dir={tmp_path}", check=False))
