@@ -66,13 +66,15 @@ def run_timestamped(cmd, cwd, log_path, env=None):
 
 
 def fresh_caches(out, name):
-    """Environment for a cold run: its own empty Triton and inductor cache folders (under out/caches/name),
-    so no run reuses kernels another one compiled; a second launch with the same env is the warm run."""
+    """Environment for a cold run: its own empty Triton, inductor and CUDA-driver cache folders (under
+    out/caches/name; the driver's holds what it compiled from PTX, such as kernels a library generates at run
+    time), so no run reuses kernels another one compiled; a second launch with the same env is the warm run."""
     folder = os.path.join(out, "caches", name)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     return {"TRITON_CACHE_DIR": os.path.join(folder, "triton"),
-            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor")}
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+            "CUDA_CACHE_PATH": os.path.join(folder, "cuda")}
 
 
 def parse_evals(lines):

@@ -85,3 +85,17 @@ def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa
     assert [e["step"] for e in evals] == [0, 6] and all(e["since_launch"] is not None for e in evals)
     step, tokens, loss = speedrun.score(str(out / "ckpt.pt"), str(data_dir / "val.bin"), "cpu", batch_size=4)
     assert step == 6 and tokens == 6 * 2 * 32 * 2 and 0 < loss < 10
+
+
+def test_each_cold_run_gets_its_own_empty_compile_caches(tmp_path):
+    # Triton's, inductor's and the CUDA driver's caches: a run that found kernels an earlier one compiled
+    # would not be cold
+    stale = tmp_path / "caches" / "seed1" / "triton"
+    stale.mkdir(parents=True)
+    (stale / "kernel.cubin").write_bytes(b"x")
+    env = speedrun.fresh_caches(str(tmp_path), "seed1")
+    assert set(env) == {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"}
+    assert len(set(env.values())) == 3 and not (stale / "kernel.cubin").exists()
+    assert all(v.startswith(str(tmp_path / "caches" / "seed1")) and not os.listdir(os.path.dirname(v)) for v in
+               env.values())
+    assert speedrun.fresh_caches(str(tmp_path), "seed2")["CUDA_CACHE_PATH"] != env["CUDA_CACHE_PATH"]
