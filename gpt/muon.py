@@ -59,10 +59,16 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
     if tall:  # iterate on the wide orientation: X X^T is then the smaller Gram matrix
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
+    shape = X.shape
+    X = X.reshape(-1, *shape[-2:])  # baddbmm takes one batch dimension: a single matrix is a batch of one
     for _ in range(steps):
         A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
+        # b A + c A A and a X + B X with the scalings and the sum inside the matmul (baddbmm's beta and
+        # alpha, added in float32 before rounding): one copy of the addend into the output, not five
+        # elementwise kernels over the whole batch
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a)
+    X = X.reshape(shape)
     return X.mT if tall else X
 
 

@@ -59,6 +59,17 @@ def test_batched_newton_schulz_is_each_matrix_on_its_own():
     assert s.min() > 0.5 and s.max() < 1.4
 
 
+def test_a_single_matrix_or_several_batch_dimensions():
+    # orthogonalize() takes (..., m, n): one matrix, or batches of any rank, wide or tall
+    g = torch.Generator().manual_seed(0)
+    for shape in ((7, 5), (5, 7), (2, 3, 6, 4)):
+        G = torch.randn(*shape, generator=g, dtype=torch.float64)
+        out = muon.orthogonalize(G, dtype=torch.float64)
+        assert out.shape == G.shape
+        for i, matrix in enumerate(G.reshape(-1, *shape[-2:])):
+            torch.testing.assert_close(out.reshape(-1, *shape[-2:])[i], reference_ns(matrix), rtol=1e-10, atol=1e-10)
+
+
 def reference_step(model, grads, bufs, adamw, lr_muon):
     """Muon as its description says, matrix by matrix (q, k and v apart), then torch's own AdamW."""
     with torch.no_grad():
