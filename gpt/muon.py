@@ -13,7 +13,9 @@ sqrt(max(1, rows / cols)) so that tall matrices take steps of the same per-entry
 Cost: the iteration is matmuls on (m x n) matrices, about (4 m^2 n + 2 m^3) x 5 FLOPs each (m <= n): for
 GPT-2 124M 1.6 TFLOP a step, a few ms on an H100 against a step of ~130 ms, provided it runs as a few big
 matmuls, not hundreds of small launches: matrices of one shape (all the blocks' q, k, v and attention
-projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch.
+projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch. The
+work around it is batched too: the momentum of every matrix in multi-tensor (torch._foreach_) ops, each
+shape's updates scaled as one stack and subtracted from the weights by one multi-tensor op.
 
 Under DDP the orthogonalization is shared (muon_shard=True, the default): the gradients are the
 same on every rank after DDP's all-reduce, and so is the momentum, so every rank could compute every update
@@ -117,51 +119,84 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         self._muon_step(found_inf)
 
     def _muon_step(self, found_inf):
-        # momentum and Nesterov look-ahead for every matrix, then the pieces to orthogonalize, by shape
-        buckets = {}  # (m, n) with m <= n -> [(param, group, row start, piece)]
-        for group in (g for g in self.param_groups if g['muon']):
-            m = group['momentum']
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                buf = self.state[p].get('momentum_buffer')
-                if buf is None:
-                    buf = self.state[p]['momentum_buffer'] = torch.zeros_like(p)
-                if found_inf is not None:  # leave the momentum alone on a skipped step (lerp by 0)
-                    grad = torch.where(found_inf > 0, 0.0, grad)
-                    buf.lerp_(grad, (1 - m) * (1 - found_inf))
-                else:
-                    buf.lerp_(grad, 1 - m)
-                update = grad.lerp(buf, m) if group['nesterov'] else buf
-                start = 0
-                for rows in group['splits'] or [p.size(0)]:
-                    piece = update[start:start + rows]
-                    key = tuple(sorted(piece.shape))
-                    buckets.setdefault(key, []).append((p, group, start, piece))
-                    start += rows
+        # Few, large kernels: each op below runs once for a whole group (a multi-tensor _foreach_ op) or for
+        # a whole stack of pieces, not once per matrix. found_inf (the CUDA graph's flag, 1 on a skipped
+        # step) enters as a rate of zero and a momentum left as it is, never as a branch on the CPU.
+        buckets, rates = self._pieces(found_inf)
         # one batched iteration per shape; tall pieces transposed to the wide orientation to join it. Under
         # DDP each rank iterates its share of every shape and all-gathers the rest (launched for every
         # shape before any is waited for)
-        steps = [(items, self._orthogonalize_shared(
-            torch.stack([piece if piece.size(0) <= piece.size(1) else piece.mT for *_, piece in items]),
-            items[0][1]['ns_steps'])) for items in buckets.values()]
-        for items, (out, work) in steps:
+        steps = []
+        for ns_steps, runs in buckets.values():
+            pieces = [piece.mT if tall else piece for (_, tall, _), items in runs.items() for _, piece in items]
+            steps.append((runs, self._orthogonalize_shared(torch.stack(pieces), ns_steps)))
+        for runs, (out, work) in steps:
             if work is not None:
                 work.wait()
-            for (p, group, start, piece), o in zip(items, out):
-                o = o if piece.size(0) <= piece.size(1) else o.mT
-                lr = group['lr'] * group['lr_scale']
-                if found_inf is not None:
-                    lr = lr * (1 - found_inf)
-                target = p[start:start + piece.size(0)]
-                if group['weight_decay']:
-                    target.mul_(1 - lr * group['weight_decay'])
-                scale = math.sqrt(max(1.0, piece.size(0) / piece.size(1)))
-                if isinstance(lr, torch.Tensor):  # a tensor learning rate (CUDA graph): no Python float
-                    target.sub_(o.to(p.dtype) * (lr * scale))
-                else:
-                    target.add_(o.to(p.dtype), alpha=-lr * scale)
+            start = 0
+            for (i, tall, dtype), items in runs.items():
+                run = out[start:start + len(items)]
+                start += len(items)
+                self._apply([target for target, _ in items], run.mT if tall else run, rates[i], dtype)
+
+    def _pieces(self, found_inf):
+        """Every Muon group's momentum step and weight decay, and the pieces to orthogonalize, by shape:
+        {(m, n) with m <= n: (ns_steps, {(rate index, tall, dtype): [(target rows, piece)]})}, each shape's
+        pieces in runs that share a step size, an orientation and a dtype, and the groups' step sizes."""
+        skip = None if found_inf is None else found_inf > 0
+        buckets, rates = {}, []
+        for group in (g for g in self.param_groups if g['muon']):
+            params = [p for p in group['params'] if p.grad is not None]
+            if not params:
+                continue
+            rates.append(self._rate(group, found_inf))
+            targets = []
+            for p, update in zip(params, self._momentum(group, params, skip)):
+                start = 0
+                for rows in group['splits'] or [p.size(0)]:
+                    piece, target = update[start:start + rows], p[start:start + rows]
+                    _, runs = buckets.setdefault(tuple(sorted(piece.shape)), (group['ns_steps'], {}))
+                    runs.setdefault((len(rates) - 1, rows > p.size(1), p.dtype), []).append((target, piece))
+                    targets.append(target)
+                    start += rows
+            if group['weight_decay']:  # decoupled; before the update or after: it reads no weight
+                torch._foreach_mul_(targets, 1 - rates[-1] * group['weight_decay'])
+        return buckets, rates
+
+    def _momentum(self, group, params, skip):
+        """Each matrix's momentum moved (1 - momentum) of the way to its gradient, and the update to
+        orthogonalize: the gradient moved `momentum` of the way to the new momentum (Nesterov) or the
+        momentum itself. Where skip (a 0-dim bool tensor) is true, the momentum stays as it is."""
+        m = group['momentum']
+        bufs = []
+        for p in params:
+            if 'momentum_buffer' not in self.state[p]:
+                self.state[p]['momentum_buffer'] = torch.zeros_like(p)
+            bufs.append(self.state[p]['momentum_buffer'])
+        grads = [p.grad for p in params]
+        if skip is not None:  # a skipped step's gradient may be inf or NaN, which even a lerp by 0 would
+            # spread: lerping the momentum towards itself instead leaves it unchanged
+            grads = [torch.where(skip, buf, grad) for buf, grad in zip(bufs, grads)]
+        torch._foreach_lerp_(bufs, grads, 1 - m)
+        return torch._foreach_lerp(grads, bufs, m) if group['nesterov'] else bufs
+
+    @staticmethod
+    def _rate(group, found_inf):
+        """The group's step size, a float or a 0-dim tensor (the CUDA graph's learning rate, or any rate
+        times 1 - found_inf: zero on a skipped step)."""
+        lr = group['lr'] * group['lr_scale']
+        return lr if found_inf is None else lr * (1 - found_inf)
+
+    @staticmethod
+    def _apply(targets, updates, lr, dtype):
+        """targets[i] -= lr * scale * updates[i], for a run of orthogonalized pieces of one shape (k, rows,
+        cols): scaled on the whole stack at once, in the parameters' dtype, then subtracted from each
+        piece's rows by one multi-tensor op. scale = sqrt(max(1, rows / cols)) gives a tall piece updates of
+        the same per-entry size as a wide one's."""
+        scale = math.sqrt(max(1.0, updates.size(-2) / updates.size(-1)))
+        updates = updates.to(dtype, memory_format=torch.contiguous_format)  # the rows' own layout
+        updates.mul_(lr * scale if scale != 1.0 else lr)
+        torch._foreach_sub_(targets, list(updates.unbind(0)))
 
     def _orthogonalize_shared(self, stacked, steps):
         """orthogonalize(stacked) as (result, pending all-gather or None). Alone (or with shard=False): all

@@ -118,6 +118,87 @@ def test_muon_step_matches_a_plain_reference(monkeypatch, ns_dtype):
     assert sum('momentum_buffer' in opt.state[p] for p, _ in model.hidden_matrices()) == 2 * 4
 
 
+def random_grads(model, seed):
+    """A gradient for each of the blocks' matrices (Muon's), none for the rest (AdamW's take no step)."""
+    g = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(p.shape, generator=g) * 1e-2 for p, _ in model.hidden_matrices()]
+    for (p, _), grad in zip(model.hidden_matrices(), grads):
+        p.grad = grad.clone()
+    return grads
+
+
+@pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain-momentum"])
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float-lr", "tensor-lr"])
+def test_muon_options_match_a_plain_reference(monkeypatch, nesterov, tensor_lr):
+    """Nesterov or not, weight decay, a 0-dim tensor learning rate (the CUDA graph's) and found_inf 0 (a step
+    taken) against the update written out matrix by matrix, piece by piece."""
+    fast = muon.orthogonalize
+    monkeypatch.setattr(muon, "orthogonalize", lambda G, steps: fast(G, steps, dtype=torch.float64))
+    model, ref = tiny(), tiny()
+    opt = make_opt(model, muon_wd=0.1)
+    lr = 0.02  # the Muon groups' lr x lr_scale (muon_lr / learning_rate)
+    for group in opt.param_groups:
+        if group['muon']:
+            group['nesterov'] = nesterov
+            group['lr'] = torch.tensor(group['lr']) if tensor_lr else group['lr']
+    if tensor_lr:
+        opt.found_inf = torch.zeros(())
+    bufs = {}
+    for step in range(3):
+        grads = random_grads(model, step)
+        opt.step()
+        with torch.no_grad():
+            for (p, splits), g in zip(ref.hidden_matrices(), grads):
+                buf = bufs.setdefault(id(p), torch.zeros_like(p))
+                buf.mul_(0.95).add_(g, alpha=0.05)
+                u = g + 0.95 * (buf - g) if nesterov else buf
+                start = 0
+                for rows in splits or [p.size(0)]:
+                    scale = math.sqrt(max(1, rows / p.size(1)))
+                    p[start:start + rows] *= 1 - lr * 0.1
+                    p[start:start + rows] -= (lr * scale * reference_ns(u[start:start + rows])).float()
+                    start += rows
+    for (p, _), (q, _) in zip(model.hidden_matrices(), ref.hidden_matrices()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(opt.state[p]['momentum_buffer'], bufs[id(q)], rtol=1e-5, atol=1e-7)
+
+
+def test_a_tensor_learning_rate_takes_the_float_rates_step():
+    # with rates that float32 holds exactly (lr, lr_scale, weight decay), the very same numbers
+    models = [tiny(), tiny()]
+    opts = [make_opt(m, muon_lr=2**-6, muon_wd=0.25) for m in models]
+    for group in opts[1].param_groups:
+        group['lr'] = torch.tensor(group['lr'])  # 2**-10 in both
+    for step in range(2):
+        for m, opt in zip(models, opts):
+            random_grads(m, step)
+            opt.step()
+    for (p, _), (q, _) in zip(models[0].hidden_matrices(), models[1].hidden_matrices()):
+        assert torch.equal(p, q)
+        assert torch.equal(opts[0].state[p]['momentum_buffer'], opts[1].state[q]['momentum_buffer'])
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float-lr", "tensor-lr"])
+def test_a_skipped_step_changes_no_weight_and_no_momentum(tensor_lr):
+    """found_inf = 1 (the step's gradients were not finite): weights and momentum stay exactly as they were,
+    whatever the gradients hold."""
+    model = tiny()
+    opt = make_opt(model, muon_wd=0.1)
+    random_grads(model, 0)
+    opt.step()  # a momentum to keep
+    if tensor_lr:
+        for group in opt.param_groups:
+            group['lr'] = torch.tensor(group['lr'])
+            group['capturable'] = True
+    before = [(p.clone(), opt.state[p]['momentum_buffer'].clone()) for p, _ in model.hidden_matrices()]
+    for i, (p, _) in enumerate(model.hidden_matrices()):
+        p.grad.view(-1)[i % 3] = (float('nan'), float('inf'), -float('inf'))[i % 3]
+    opt.found_inf = torch.ones(())
+    opt.step()
+    for (p, _), (w, buf) in zip(model.hidden_matrices(), before):
+        assert torch.equal(p, w) and torch.equal(opt.state[p]['momentum_buffer'], buf)
+
+
 def train_steps(model, opt, data):
     for X, Y in data:
         opt.zero_grad(set_to_none=True)
