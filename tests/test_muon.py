@@ -3,9 +3,12 @@ gpt/muon.py: Muon for the blocks' matrices, AdamW for the rest, as one optimizer
 reference (one matrix at a time, float64 Newton-Schulz, torch's AdamW), its state through a checkpoint, a
 skipped (non-finite) step, the CUDA-graph step (FakeGraph on the CPU), and train.py resuming exactly.
 """
+import collections
 import io
 import json
 import math
+import os
+import sys
 from contextlib import nullcontext
 
 import pytest
@@ -197,6 +200,17 @@ def test_a_skipped_step_changes_no_weight_and_no_momentum(tensor_lr):
     opt.step()
     for (p, _), (w, buf) in zip(model.hidden_matrices(), before):
         assert torch.equal(p, w) and torch.equal(opt.state[p]['momentum_buffer'], buf)
+
+
+def test_the_step_launches_no_kernel_per_matrix():
+    """scripts/muon_kernels.py's count of the step's kernels: four more blocks (16 more matrices, 24 more
+    pieces) add no kernel to the plain step, and to the CUDA graph's only the one that keeps a non-finite
+    gradient out of each momentum (torch.where; no multi-tensor op does it)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import muon_kernels
+    for graphed in (False, True):
+        (_, small), (_, large) = (muon_kernels.profile_step(32, n_layer, graphed) for n_layer in (2, 6))
+        assert large == small + collections.Counter(where=16 if graphed else 0)
 
 
 def train_steps(model, opt, data):
