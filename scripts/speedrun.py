@@ -277,6 +277,7 @@ def main(argv=None):
         nano_lines = [(r["t"], r["line"]) for r in map(json.loads, open(os.path.join(out, f"nanogpt{named}.jsonl")))]
         nano_evals = parse_evals(nano_lines)
         step, tokens, target = score(os.path.join(nano, "out", "ckpt.pt"), val, a.device)
+        print(f"score: nanoGPT{named}: step {step}, full val {target:.4f}", flush=True)
         reference = curve(nano_evals, [(step, tokens, target)])[0]
 
     extra = [f"--dataset={a.dataset}", *a.extra.split()]
@@ -284,7 +285,19 @@ def main(argv=None):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "train.py"]
     # a torchrun call's files beside the one-GPU call's, a tagged recipe's beside the others
     tag = named + (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
-    runs, evals = {}, {}
+    runs, evals, env = {}, {}, {}
+
+    def save(curve_points=None):
+        """The table and the JSON of the runs so far: rewritten after every run, so a call cut short (a time
+        limit, a crash) keeps the scores it made. Returns the table."""
+        if not env:  # after the first run, since it initialises CUDA in this process
+            env.update(environment(), dataset=a.dataset)
+        table = write_table(os.path.join(out, f"speedrun{tag}.md"), env, target, reference, runs)
+        with open(os.path.join(out, f"speedrun{tag}.json"), "w") as f:
+            json.dump(dict(target=target, reference=reference, runs=runs, curve=curve_points,
+                           nanogpt_evals=nano_evals, evals=evals, env=env), f, indent=1)
+        return table
+
     seeds = [int(s) for s in a.seeds.split(",")]
     # every seed cold (its own empty compile caches); then, with --warm, the first seed launched again with
     # the caches its cold run filled, as a user's second run on the same machine
@@ -298,6 +311,9 @@ def main(argv=None):
                                 ROOT, os.path.join(out, f"{name}.jsonl"), env=caches)
         evals[key] = parse_evals(lines)
         runs[key] = curve(evals[key], [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))])
+        for _, step, _, loss in runs[key]:
+            print(f"score: {name}: step {step}, full val {loss:.4f}", flush=True)
+        save()
     curve_points = None
     if a.curve:
         run = os.path.join(out, f"curve{tag}")
@@ -309,12 +325,8 @@ def main(argv=None):
         scores = [score(c, val, a.device) for c in sorted(glob.glob(f"{run}/ckpt*.pt"))]
         curve_points = curve(parse_evals(lines), scores)
 
-    env = dict(environment(), dataset=a.dataset)
-    table = write_table(os.path.join(out, f"speedrun{tag}.md"), env, target, reference, runs)
+    table = save(curve_points)
     plot(os.path.join(out, f"speedrun{tag}.png"), nano_evals, reference, target, runs, curve_points)
-    with open(os.path.join(out, f"speedrun{tag}.json"), "w") as f:
-        json.dump(dict(target=target, reference=reference, runs=runs, curve=curve_points, nanogpt_evals=nano_evals,
-                       evals=evals, env=env), f, indent=1)
     print(table)
     print(f"wrote {out}/speedrun{tag}.md, speedrun{tag}.png, speedrun{tag}.json")
 

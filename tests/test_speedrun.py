@@ -3,6 +3,7 @@ The speedrun comparison's pieces on the CPU: gpt/evaluation.py's whole-split los
 computation, scripts/speedrun.py's timestamped runner, log parsing, table and plot, and the recipe
 (config/speedrun_gcide.py) training a tiny model through train.py with its checkpoint scored.
 """
+import json
 import os
 import sys
 from contextlib import nullcontext
@@ -99,3 +100,33 @@ def test_each_cold_run_gets_its_own_empty_compile_caches(tmp_path):
     assert all(v.startswith(str(tmp_path / "caches" / "seed1")) and not os.listdir(os.path.dirname(v)) for v in
                env.values())
     assert speedrun.fresh_caches(str(tmp_path), "seed2")["CUDA_CACHE_PATH"] != env["CUDA_CACHE_PATH"]
+
+
+def test_a_call_cut_short_keeps_the_runs_it_scored(tmp_path, monkeypatch):
+    # a GPU call's time limit or a crash in the second seed's run: the first seed's score is already in the
+    # table and the JSON, not only in memory
+    cfg = tmp_path / "nano.py"
+    cfg.write_text("dataset = 'gcide'\nmax_iters = 400\nbatch_size = 8\nblock_size = 1024\n"
+                   "gradient_accumulation_steps = 8\n")
+    launches = []
+
+    def fake_run(cmd, cwd, log_path, env=None):
+        launches.append(cmd)
+        if len(launches) == 2:
+            raise SystemExit("error: train.py failed")
+        out_dir = next(c.split("=", 1)[1] for c in cmd if c.startswith("--out_dir="))
+        os.makedirs(out_dir)
+        open(os.path.join(out_dir, "ckpt.pt"), "w").close()
+        return [(1.0, "step 0: train loss 10.9, val loss 10.95"), (19.5, "step 190: train loss 2.4, val loss 2.49")]
+
+    monkeypatch.setattr(speedrun, "run_timestamped", fake_run)
+    monkeypatch.setattr(speedrun, "corpus", lambda *a: None)
+    monkeypatch.setattr(speedrun, "score", lambda ckpt, val, device, batch_size=16: (190, 3_112_960, 2.4832))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="train.py failed"):
+        speedrun.main(["--anchor", str(tmp_path), "--nanogpt_config", str(cfg), "--reference=103.7,2.5271",
+                       "--seeds=1337,1", "--curve=0", f"--out={out}", "--device=cpu"])
+    assert len(launches) == 2
+    table = (out / "speedrun.md").read_text()
+    assert "| this project | 1337 | 2.4832 | 19.5 |" in table and "| 1 |" not in table, table
+    assert list(json.loads((out / "speedrun.json").read_text())["runs"]) == ["1337"]
