@@ -11,8 +11,8 @@ the singular values into about [0.7, 1.2] fast rather than to exactly 1. The upd
 sqrt(max(1, rows / cols)) so that tall matrices take steps of the same per-entry size.
 
 Cost: the iteration is matmuls on (m x n) matrices, about (4 m^2 n + 2 m^3) x 5 FLOPs each (m <= n): for
-GPT-2 124M 1.6 TFLOP a step, a few ms on an H100 against a step of ~130 ms, provided it runs as a few big
-matmuls, not hundreds of small launches: matrices of one shape (all the blocks' q, k, v and attention
+GPT-2 124M 1.6 TFLOP a step, a few ms on an H100, provided it runs as a few big matmuls, not hundreds of
+small launches: matrices of one shape (all the blocks' q, k, v and attention
 projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch. The
 work around it is batched too: the momentum of every matrix in multi-tensor (torch._foreach_) ops, each
 shape's updates scaled as one stack and subtracted from the weights by one multi-tensor op.
