@@ -12,6 +12,9 @@ NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)") 
 POSITIVE = (lambda v: v > 0, "positive")
 NOT_NEGATIVE = (lambda v: v >= 0, "0 or more")
 FRACTION = (lambda v: 0 <= v < 1, "at least 0 and below 1")
+# Muon's settings, checked alike by train.py and bench.py
+MUON = [('muon_lr', lambda v: v > 0, "positive (for AdamW alone: --optimizer=adamw)"),
+        ('muon_momentum', *FRACTION), ('muon_weight_decay', *NOT_NEGATIVE)]
 PORT = (lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535 (0: any free port)")
 # numpy's generators take any seed >= 0, torch.manual_seed up to 2**64 - 1; the scripts add the rank, the
 # step or a stream number to the seed, so below 2**63 leaves them all room
@@ -73,9 +76,7 @@ def check_train(c):
             ('sample_interval', lambda v: v >= 0, "0 (off) or more"),
             ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
-            ('muon_lr', lambda v: v > 0, "positive (to train with AdamW alone: --optimizer=adamw)"),
-            ('muon_momentum', *FRACTION),
-            ('muon_weight_decay', *NOT_NEGATIVE), ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
+            *MUON, ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
             ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)"),
             ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "
                                                             "(drawn on the run's device: faster on a GPU, other "
@@ -102,8 +103,7 @@ def inert(c):
          f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size"),
         (('min_lr',), sched in ('constant', 'none'), "a constant learning_rate never decays to it"),
         (('lr_schedule',), sched == 'none', "decay_lr=False keeps learning_rate constant, whatever the schedule"),
-        (('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard'), c['optimizer'] != 'muon',
-         f"optimizer={c['optimizer']!r} trains without Muon"),
+        _without_muon(c),
         (('sample_prompt', 'sample_max_tokens', 'sample_top_p', 'num_samples_train'), c['sample_interval'] == 0,
          no_sampling),
         (('dashboard_port',), not c['dashboard'], "dashboard=False serves no dashboard"),
@@ -121,6 +121,12 @@ def inert_sample(c):
     return _unused(c, [(('top_k', 'top_p'), c['temperature'] == 0, greedy),
                        (('out_dir',), c['init_from'] != 'resume',
                         f"init_from={c['init_from']!r} loads that model, not out_dir's checkpoint")])
+
+
+def _without_muon(c):
+    """The rule (keys, unused, why) for Muon's settings under another optimizer."""
+    return (('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard'), c['optimizer'] != 'muon',
+            f"optimizer={c['optimizer']!r} trains without Muon")
 
 
 def _unused(c, rules):
@@ -151,16 +157,12 @@ def check_bench(c):
             ('top_k', lambda v: v >= 0, "0 (all tokens) or more"), ('seed', *SEED),
             ('activation_memory_budget', lambda v: 0 <= v <= 1, "between 0 and 1 (1: recompute nothing)"),
             ('check_batch_size', lambda v: v >= 0, "0 (skip) or more"),
-            ('peak_flops', lambda v: v >= 0, "0 (from the table) or more"),
-            ('muon_lr', lambda v: v > 0, "positive (to time AdamW alone: --optimizer=adamw)"),
-            ('muon_momentum', *FRACTION), ('muon_weight_decay', *NOT_NEGATIVE)], c)
+            ('peak_flops', lambda v: v >= 0, "0 (from the table) or more"), *MUON], c)
 
 
 def inert_bench(c):
     """bench.py's settings the user gave that its other settings make do nothing (as inert())."""
-    return _unused(c, [(('muon_lr', 'muon_momentum', 'muon_weight_decay'), c['optimizer'] != 'muon',
-                        f"optimizer={c['optimizer']!r} trains without Muon"),
-                       (('muon_shard',), True, "bench.py runs one process")])
+    return _unused(c, [_without_muon(c), (('muon_shard',), c['optimizer'] == 'muon', "bench.py runs one process")])
 
 
 def check_hellaswag(c):
