@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gpt import muon  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 # ops that launch nothing: allocations (views are told by their schema)
 FREE = {'empty', 'empty_strided', 'empty_like', 'new_empty', 'lift_fresh', 'detach', '_unsafe_view'}
@@ -47,10 +48,9 @@ class Recorder(TorchDispatchMode):
 
 
 def matrices(n_embd, n_layer):
-    """GPT-2's blocks' matrices as model.hidden_matrices() gives them: (weight, row splits or None)."""
-    shapes = [((3 * n_embd, n_embd), [n_embd] * 3), ((n_embd, n_embd), None), ((4 * n_embd, n_embd), None),
-              ((n_embd, 4 * n_embd), None)]
-    return [(torch.nn.Parameter(torch.randn(shape) * 0.02), splits) for _ in range(n_layer) for shape, splits in shapes]
+    """A GPT-2-shaped model's blocks' matrices, as Muon takes them: (weight, row splits or None)."""
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=n_embd // 32, n_embd=n_embd, block_size=32, vocab_size=64))
+    return model.hidden_matrices()
 
 
 def calls(events):
