@@ -54,6 +54,7 @@ activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations 
 check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
 fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (gpt/stepgraph.py), as train.py's option
+cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead), as train.py's option
 profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
 peak_flops = 0.0  # 0: from gpt/hardware.py's table
 out_json = 'bench.json'
@@ -97,6 +98,7 @@ device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
 ctx = hardware.autocast(device_type, dtype)
 torch.set_float32_matmul_precision('high')
+hardware.attention_kernels(cudnn=cudnn_attention)
 torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
@@ -130,7 +132,7 @@ def write_profile(B, step):
         for _ in range(3):
             step()
         sync()
-    sort = 'cuda_time_total' if device_type == 'cuda' else 'cpu_time_total'
+    sort = 'self_cuda_time_total' if device_type == 'cuda' else 'self_cpu_time_total'  # kernels, not their callers
     path = profile_path(B)
     with open(path, 'w') as f:
         f.write(prof.key_averages().table(sort_by=sort, row_limit=80, max_name_column_width=90))

@@ -112,6 +112,7 @@ init_device = 'device'  # where a new model's weights are drawn: 'device' (the r
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
+cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead): a shorter cold start
 seed = 1337
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options, parallel_options)
@@ -163,6 +164,7 @@ if hellaswag_interval:
     hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
 torch.manual_seed(seed + run.rank)  # each process gets a different seed
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
+hardware.attention_kernels(cudnn=cudnn_attention)
 ctx = hardware.autocast(device_type, run.dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {init_from}"}[run.init])

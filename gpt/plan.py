@@ -294,7 +294,8 @@ RESUME_RUN = ('out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_on
               'checkpoint_interval', 'keep_checkpoints', 'ckpt_every_tokens', 'hellaswag_interval', 'sample_interval',
               'num_samples_train', 'sample_prompt', 'sample_max_tokens', 'sample_top_p', 'init_from', 'wandb_log',
               'wandb_project', 'wandb_run_name', 'dashboard', 'dashboard_port', 'max_nonfinite_steps', 'parallelism',
-              'activation_checkpointing', 'device', 'init_device', 'compile', 'cuda_graph', 'fused_loss', 'fused_qk',
+              'activation_checkpointing', 'device', 'init_device', 'compile', 'cuda_graph', 'cudnn_attention',
+              'fused_loss', 'fused_qk',
               'muon_shard', *distributed.OPTIONS)
 
 

@@ -151,3 +151,43 @@ def test_a_run_says_where_its_start_up_went(tmp_path, shakespeare_text_path):
     total = float(lines[0].split(" at ")[1].split("s since")[0])
     assert abs(sum(parts.values()) - total) < 0.06 and parts['import_torch'] > 0.1, (lines[0], parts)
     assert f"import torch {parts['import_torch']:.1f}s" in lines[0]
+
+
+def test_cudnn_attention_false_keeps_attention_off_cudnns_kernel():
+    """The setting is torch's switch: off, F.scaled_dot_product_attention may not pick cuDNN's kernel."""
+    from gpt import hardware
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        hardware.attention_kernels(cudnn=False)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        hardware.attention_kernels(cudnn=True)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.cuda
+def test_without_cudnn_attention_a_gpu_runs_flash_attention_to_the_same_loss():
+    """On a GPU, bf16 as training runs: with cudnn_attention=False the profiler sees flash attention's op and
+    no cuDNN one, and the loss is the default's to bf16 rounding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpt import hardware
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=128, block_size=256, bias=False, vocab_size=256)).cuda()
+    x = torch.randint(0, 256, (4, 256), device='cuda')
+    before, losses = torch.backends.cuda.cudnn_sdp_enabled(), {}
+    try:
+        for cudnn in (True, False):
+            hardware.attention_kernels(cudnn=cudnn)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                with torch.autocast('cuda', dtype=torch.bfloat16):
+                    _, loss = model(x, x)
+                loss.backward()
+            losses[cudnn] = loss.item()
+            ops = {e.key for e in prof.key_averages()}
+        assert 'aten::_scaled_dot_product_flash_attention' in ops, sorted(o for o in ops if 'attention' in o)
+        assert not any('cudnn' in o for o in ops), sorted(o for o in ops if 'attention' in o)
+        assert abs(losses[True] - losses[False]) < 1e-2 * losses[True], losses
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
