@@ -6,6 +6,7 @@ References:
 2) huggingface/transformers' PyTorch implementations, whose GPT-2 and Llama weights `from_pretrained` loads
 3) nanoGPT's model.py, whose checkpoints this one reads
 """
+import importlib.util
 import inspect
 import math
 from contextlib import nullcontext
@@ -79,7 +80,8 @@ class GPTConfig:
     # as the identity
     zero_init_proj: bool = initialisation(False)
     # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
-    # (LinearCrossEntropy), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
+    # (LinearCrossEntropy; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel,
+    # gpt/cross_entropy.py), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
     # lm_head, then F.cross_entropy over the full logits
     fused_loss: bool = runtime(False)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
@@ -222,22 +224,17 @@ class LinearCrossEntropy(torch.autograd.Function):
         count = valid.sum().clamp(min=1)
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=torch.float32)
+        # on a GPU, uncompiled: the loss and gradient in one Triton kernel (gpt/cross_entropy.py), the same math
+        kernel = x.is_cuda and not torch.compiler.is_compiling() and _HAS_TRITON
         for i in range(0, x.size(0), chunk):
-            xs, ts, vs = x[i:i + chunk].to(dtype), targets[i:i + chunk].clamp(min=0), valid[i:i + chunk]
-            logits = (xs @ w.t()).float()
-            if softcap:  # logit soft-capping: cap * tanh(z / cap), whose derivative is 1 - tanh^2
-                capped = torch.tanh(logits / softcap)
-                logits = softcap * capped
-            lse = torch.logsumexp(logits, dim=-1)
-            loss += torch.where(vs, lse - logits.gather(1, ts[:, None]).squeeze(1), 0.0).sum()
-            # d loss / d logits = (softmax - one_hot(target)) / count, zero at ignored positions; the 1 / count
-            # waits for the backward, where it cannot underflow in fp16. All elementwise, so that compiled,
-            # one kernel reads the logits and writes their gradient in the matmul dtype, with no fp32 copy
-            one_hot = torch.arange(logits.size(1), device=x.device) == ts[:, None]
-            grad = (torch.exp(logits - lse[:, None]) - one_hot.float()) * vs[:, None]
-            if softcap:
-                grad = grad * (1 - capped * capped)
-            grad = grad.to(dtype)
+            xs, ts = x[i:i + chunk].to(dtype), targets[i:i + chunk]
+            logits = xs @ w.t()
+            if kernel:
+                from gpt.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
+                chunk_loss, grad = loss_and_grad_(logits, ts.contiguous(), softcap).sum(), logits  # now the gradient
+            else:
+                chunk_loss, grad = _loss_and_grad(logits, ts, softcap, dtype)
+            loss += chunk_loss
             grad_x[i:i + chunk] = grad @ w
             grad_w += (grad.t() @ xs).float()
         ctx.save_for_backward(grad_x, grad_w.to(weight.dtype), count)
@@ -248,6 +245,28 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_x, grad_w, count = ctx.saved_tensors
         scale = grad_loss / count
         return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None, None
+
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
+
+
+def _loss_and_grad(logits, targets, softcap, dtype):
+    """A chunk's summed loss, and its gradient d (summed loss) / d logits in dtype, zero where the target is -1
+    (gpt/cross_entropy.py's kernel computes the same on a GPU, in one pass)."""
+    logits, valid, ts = logits.float(), targets != -1, targets.clamp(min=0)
+    if softcap:  # logit soft-capping: cap * tanh(z / cap), whose derivative is 1 - tanh^2
+        capped = torch.tanh(logits / softcap)
+        logits = softcap * capped
+    lse = torch.logsumexp(logits, dim=-1)
+    loss = torch.where(valid, lse - logits.gather(1, ts[:, None]).squeeze(1), 0.0).sum()
+    # d loss / d logits = (softmax - one_hot(target)) / count, zero at ignored positions; the 1 / count
+    # waits for the backward, where it cannot underflow in fp16. All elementwise, so that compiled,
+    # one kernel reads the logits and writes their gradient in the matmul dtype, with no fp32 copy
+    one_hot = torch.arange(logits.size(1), device=logits.device) == ts[:, None]
+    grad = (torch.exp(logits - lse[:, None]) - one_hot.float()) * valid[:, None]
+    if softcap:
+        grad = grad * (1 - capped * capped)
+    return loss, grad.to(dtype)
 
 
 class CausalSelfAttention(nn.Module):

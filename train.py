@@ -110,7 +110,7 @@ dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler)
 init_device = 'device'  # where a new model's weights are drawn: 'device' (the run's: on a GPU milliseconds, not
 # seconds, but other weights for a seed than the CPU's) or 'cpu' (nanoGPT's weights for a seed, on any machine)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
-fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, faster at B >= 32
+fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, often faster
 cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
 cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead): a shorter cold start
 seed = 1337
