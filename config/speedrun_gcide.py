@@ -79,8 +79,12 @@ wandb_log = False
 # elementwise kernels; fused_qk runs them as one Triton kernel each way (gpt/fused_qk.py, the same math, a
 # quarter less time a step). At 16 sequences a step the kernels are small enough that launching them shows:
 # the CUDA graph replays the whole step (gpt/stepgraph.py; one GPU only, torchrun runs without it). The fused
-# loss gains nothing uncompiled.
+# loss takes the loss and its gradient from the logits in one Triton kernel (gpt/cross_entropy.py): a tenth
+# less time a step than F.cross_entropy's float32 passes over them. Attention takes flash attention's kernel,
+# not cuDNN's: cuDNN's is a little faster a step but builds its kernels at the first calls, and a cold launch
+# reaches its last step sooner without it (docs/speedrun.md).
 compile = False
 fused_qk = True
-fused_loss = False
+fused_loss = True
 cuda_graph = True
+cudnn_attention = False
