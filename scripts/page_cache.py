@@ -3,6 +3,8 @@ How much of each package's files the kernel holds in its page cache (mincore(2))
 launch that finds a package's shared libraries there maps them from memory, one that does not reads them from
 disk. Used to tell a cold launch's disk reads from its compile work (docs/speedrun.md, "Start-up").
 $ python scripts/page_cache.py torch triton numpy /usr/lib/gcc      # packages by name, or folders and files
+$ python scripts/page_cache.py --evict triton /usr/lib/gcc          # drop them from it first (a machine's first
+                                                                    # launch, without rebooting it)
 Prints one line per argument: MB resident of MB in its files, and the largest files' shares. Linux only.
 """
 import ctypes
@@ -51,7 +53,22 @@ def files(arg):
             if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f))]
 
 
-for arg in sys.argv[1:]:
+def evict(path):
+    """Ask the kernel to drop the file's clean pages from its cache (posix_fadvise DONTNEED; pages a running
+    process has mapped stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+args = sys.argv[1:]
+dropping = args[:1] == ['--evict']
+for arg in args[dropping:]:
+    if dropping:
+        for p in files(arg):
+            evict(p)
     sizes = [(p, *resident(p)) for p in files(arg)]
     have, total = sum(s[1] for s in sizes), sum(s[2] for s in sizes)
     big = sorted(sizes, key=lambda s: -s[2])[:3]
