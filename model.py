@@ -21,6 +21,7 @@ from gpt import generation
 from gpt.errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
 
 
 # Every GPTConfig field is one of three kinds, said here once; resume, export and the transformers bridge read it
@@ -245,9 +246,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_x, grad_w, count = ctx.saved_tensors
         scale = grad_loss / count
         return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None, None
-
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
 
 
 def _loss_and_grad(logits, targets, softcap, dtype):
