@@ -63,6 +63,39 @@ def _cuda():
     return torch.cuda.is_available()
 
 
+# Triton kernels (gpt/fused_qk.py, gpt/cross_entropy.py) run on the CPU under Triton's interpreter, in a fresh
+# process (TRITON_INTERPRET=1 must be set before a kernel is defined). Triton comes with torch's CUDA builds: CI
+# runs these tests under torch 2.11's; without Triton they skip.
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="triton is not installed (torch's CUDA builds bring it; CI runs this under "
+                                         "torch 2.11)")
+
+
+def run_interpreted(code):
+    """Runs code in a fresh Python under Triton's interpreter; it must exit 0 and print only "ok"."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def same_bf16_training(model, x, y, switch):
+    """On the GPU, under bf16 autocast as training runs: the model's loss and gradients with config.<switch>
+    False, then True, agree to bf16 rounding."""
+    import torch
+    results = []
+    for on in (False, True):
+        setattr(model.config, switch, on)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        results.append((loss.item(), [p.grad.float().clone() for p in model.parameters()]))
+    (plain_loss, plain_grads), (on_loss, on_grads) = results
+    assert abs(plain_loss - on_loss) < 1e-3 * plain_loss, (plain_loss, on_loss)
+    for (name, _), a, b in zip(model.named_parameters(), plain_grads, on_grads):
+        assert (a - b).norm() <= 2e-2 * a.norm() + 1e-6, name
+
+
 def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300, fresh=False):
     """Run a script (or `-c code`) of the repository as a user would: `python script args` in the repository,
     or torchrun with nproc processes. One thread per process (see above). check: it must exit 0 without a

@@ -3,17 +3,11 @@ gradient. On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRE
 defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this file under torch 2.11's),
 and the test skips where it is not installed. On a GPU the compiled kernel runs inside the model's fused loss
 (pytest -m cuda), against the plain path."""
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from conftest import needs_triton, run_interpreted, same_bf16_training
 
 from model import GPT, GPTConfig
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # against float64 torch: rows wider than one block (5000 > 4096) and narrower (37), ignored targets, a target
 # in the last partial block, soft-capping, bf16 logits (the kernel computes in float32, writes bf16)
@@ -41,12 +35,9 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                    reason="triton is not installed (torch's CUDA builds bring it; CI runs this under torch 2.11)")
+@needs_triton
 def test_kernel_computes_cross_entropys_loss_and_gradient():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", COMPARE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+    run_interpreted(COMPARE)
 
 
 @pytest.mark.cuda
@@ -60,15 +51,4 @@ def test_the_fused_loss_on_a_gpu_trains_as_the_plain_loss(softcap):
     x = torch.randint(0, 5000, (4, 64), device='cuda')
     y = torch.randint(0, 5000, (4, 64), device='cuda')
     y[0, :10] = -1
-    results = []
-    for fused in (False, True):
-        model.config.fused_loss = fused
-        model.zero_grad(set_to_none=True)
-        with torch.autocast('cuda', dtype=torch.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
-    assert abs(plain_loss - fused_loss) < 1e-3 * plain_loss, (plain_loss, fused_loss)
-    for name, g in plain_grads.items():
-        assert torch.allclose(fused_grads[name], g, atol=2e-2 * g.abs().max().item() + 1e-6), name
+    same_bf16_training(model, x, y, 'fused_loss')

@@ -3,17 +3,11 @@ computes, forward and backward. On the CPU the kernels run under Triton's interp
 before the kernels are defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this
 file under torch 2.11's), and the test skips where it is not installed. On a GPU the compiled kernels run
 inside the model (pytest -m cuda)."""
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from conftest import needs_triton, run_interpreted, same_bf16_training
 
 from model import GPT, GPTConfig
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # q and k as views of c_attn's output, as the model passes them; the plain path's result and gradients, then
 # the kernel's. Shapes: grouped-query heads, a half-row that is not a power of two (6 of 12), one position
@@ -56,12 +50,9 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                    reason="triton is not installed (torch's CUDA builds bring it; CI runs this under torch 2.11)")
+@needs_triton
 def test_kernel_computes_the_plain_paths_values_and_gradients():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", COMPARE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+    run_interpreted(COMPARE)
 
 
 def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
@@ -88,15 +79,4 @@ def test_a_model_with_fused_qk_trains_as_the_plain_one_on_a_gpu(family):
                           **switches)).cuda()
     x = torch.randint(0, 256, (4, 64), device='cuda')
     y = torch.randint(0, 256, (4, 64), device='cuda')
-    results = []
-    for fused in (False, True):
-        model.config.fused_qk = fused
-        model.zero_grad(set_to_none=True)
-        with torch.autocast('cuda', dtype=torch.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        results.append((loss.item(), [p.grad.float().clone() for p in model.parameters()]))
-    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
-    assert abs(plain_loss - fused_loss) < 1e-3 * plain_loss
-    for a, b in zip(plain_grads, fused_grads):
-        assert (a - b).norm() <= 2e-2 * a.norm() + 1e-6
+    same_bf16_training(model, x, y, 'fused_qk')
