@@ -227,11 +227,12 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=torch.float32)
         # on a GPU, uncompiled: the loss and gradient in one Triton kernel (gpt/cross_entropy.py), the same math
         kernel = x.is_cuda and not torch.compiler.is_compiling() and _HAS_TRITON
+        if kernel:
+            from gpt.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
         for i in range(0, x.size(0), chunk):
             xs, ts = x[i:i + chunk].to(dtype), targets[i:i + chunk]
             logits = xs @ w.t()
             if kernel:
-                from gpt.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
                 chunk_loss, grad = loss_and_grad_(logits, ts.contiguous(), softcap).sum(), logits  # now the gradient
             else:
                 chunk_loss, grad = _loss_and_grad(logits, ts, softcap, dtype)
