@@ -178,14 +178,14 @@ def test_without_cudnn_attention_a_gpu_runs_flash_attention_to_the_same_loss():
     x = torch.randint(0, 256, (4, 256), device='cuda')
     before, losses = torch.backends.cuda.cudnn_sdp_enabled(), {}
     try:
-        for cudnn in (True, False):
+        for cudnn in (True, False):  # the profile kept is the second's, cuDNN's off
             hardware.attention_kernels(cudnn=cudnn)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 with torch.autocast('cuda', dtype=torch.bfloat16):
                     _, loss = model(x, x)
                 loss.backward()
             losses[cudnn] = loss.item()
-            ops = {e.key for e in prof.key_averages()}
+        ops = {e.key for e in prof.key_averages()}
         assert 'aten::_scaled_dot_product_flash_attention' in ops, sorted(o for o in ops if 'attention' in o)
         assert not any('cudnn' in o for o in ops), sorted(o for o in ops if 'attention' in o)
         assert abs(losses[True] - losses[False]) < 1e-2 * losses[True], losses
