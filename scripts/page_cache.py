@@ -66,10 +66,11 @@ def evict(path):
 args = sys.argv[1:]
 dropping = args[:1] == ['--evict']
 for arg in args[dropping:]:
+    paths = files(arg)
     if dropping:
-        for p in files(arg):
+        for p in paths:
             evict(p)
-    sizes = [(p, *resident(p)) for p in files(arg)]
+    sizes = [(p, *resident(p)) for p in paths]
     have, total = sum(s[1] for s in sizes), sum(s[2] for s in sizes)
     big = sorted(sizes, key=lambda s: -s[2])[:3]
     print(f"{arg}: {have / 2**20:.0f} of {total / 2**20:.0f} MB in the page cache; largest: "
