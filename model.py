@@ -519,6 +519,12 @@ class GPT(nn.Module):
         return [m for b in self.transformer.h for m in ((b.attn.c_attn.weight, [cfg.n_embd, kv, kv]),
                 (b.attn.c_proj.weight, None), (b.mlp.c_fc.weight, fc), (b.mlp.c_proj.weight, None))]
 
+    def learned_scalars(self):
+        """The learned mixing weights of value_embeds and skip_connections (none without them): what the
+        scalar_lr setting trains at its own rate (gpt/muon.py), as modded-nanogpt's scalars."""
+        lambdas = [b.attn.ve_lambdas for b in self.transformer.h if hasattr(b.attn, 've_lambdas')]
+        return ([self.skip_weights] if self.config.skip_connections else []) + lambdas
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """nanoGPT's AdamW (train.py's optimizer='adamw'; gpt/optim.py builds the others)."""
         # every weight matrix and embedding decays; biases and norm gains do not

@@ -49,6 +49,9 @@ OPTIONS = dict(
     muon_momentum=0.95,  # Nesterov momentum, as modded-nanogpt
     muon_weight_decay=0.0,  # decoupled weight decay of the Muon matrices
     muon_shard=True,  # under DDP each rank orthogonalizes its share of the matrices, then all-gathers
+    # AdamW's rate for the model's learned scalars (the value-embedding and skip weights), scheduled like
+    # learning_rate; 0: learning_rate itself. modded-nanogpt trains its scalars at 0.04, its head at 0.008
+    scalar_lr=0.0,
 )
 
 
@@ -217,12 +220,17 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
-              momentum, device_type, shard=True):
+              momentum, device_type, shard=True, scalars=(), scalar_lr=0.0):
     """The optimizer of optimizer='muon' (gpt/optim.py's build). muon_params: [(weight, splits or None)], the
-    blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not)."""
-    if not 0 <= momentum < 1 or muon_lr <= 0:
-        raise UserError(f"muon_momentum must be in [0, 1) and muon_lr positive (got {momentum}, {muon_lr})")
+    blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not).
+    With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
+    rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/step.py's set_lr);
+    with 0 they train in the 1-D group, at learning_rate."""
+    if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
+        raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
+                        f"{muon_lr}, {scalar_lr})")
     muon_ids = {id(p) for p, _ in muon_params}
+    scalar_ids = {id(p) for p in scalars} if scalar_lr else set()
     adamw_params = [p for p in adamw_params if id(p) not in muon_ids]
     by_split = {}
     for p, splits in muon_params:
@@ -231,10 +239,14 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
                         lr_scale=muon_lr / learning_rate, weight_decay=muon_weight_decay)
                    for s, ps in by_split.items()]
     adamw_groups = [dict(params=[p for p in adamw_params if p.dim() >= 2], weight_decay=weight_decay),
-                    dict(params=[p for p in adamw_params if p.dim() < 2], weight_decay=0.0)]
+                    dict(params=[p for p in adamw_params if p.dim() < 2 and id(p) not in scalar_ids], weight_decay=0.0)]
+    if scalar_ids:
+        adamw_groups.append(dict(params=[p for p in adamw_params if id(p) in scalar_ids], weight_decay=0.0,
+                                 lr_scale=scalar_lr / learning_rate))
     n_muon = sum(p.numel() for p, _ in muon_params)
     n_adamw = sum(p.numel() for p in adamw_params)
     print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
-          f"tensors, {n_adamw:,} parameters, lr {learning_rate}")
+          f"tensors, {n_adamw:,} parameters, lr {learning_rate}" + (f" ({len(scalar_ids)} learned scalars at "
+          f"{scalar_lr})" if scalar_ids else ""))
     return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, lr=learning_rate, betas=betas,
                      fused=device_type == 'cuda' or None, shard=shard)

@@ -258,7 +258,8 @@ def optimizer_settings(config, given, parallelism):
                   betas=[config['beta1'], config['beta2']], weight_decay=config['weight_decay'],
                   grad_clip=config['grad_clip'])
     if name == 'muon':
-        chosen.update({k: config[k] for k in ('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard')})
+        chosen.update({k: config[k] for k in ('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard',
+                                              'scalar_lr')})
     return chosen
 
 
@@ -283,6 +284,7 @@ def check_prompt(prompt, meta, vocab_size):
 RESUME_REFUSED = {
     'optimizer': "its state (moments, Muon's momentum) is that optimizer's",
     'seed': "the run's random streams (data windows, dropout) go on from the checkpoint",
+    'scalar_lr': "the optimizer's state is grouped by it (the learned scalars in a group of their own or not)",
 }
 # the next step trains with the new value: a learning rate, a schedule, the batch, the data
 RESUME_TRAINING = ('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'muon_lr',
@@ -305,6 +307,7 @@ def check_resume(config, given, src):
         return
     theirs = dict(src.run_config)
     theirs.setdefault('optimizer', 'muon' if theirs.get('muon_lr') else 'adamw')  # before the setting existed
+    theirs.setdefault('scalar_lr', 0.0)
     for key, why in RESUME_REFUSED.items():
         if key in theirs and config[key] != theirs[key]:
             raise UserError(f"{src.name} was trained with {key}={theirs[key]!r} and a resumed run keeps it ({why}), "

@@ -14,7 +14,8 @@ NOT_NEGATIVE = (lambda v: v >= 0, "0 or more")
 FRACTION = (lambda v: 0 <= v < 1, "at least 0 and below 1")
 # Muon's settings, checked alike by train.py and bench.py
 MUON = [('muon_lr', lambda v: v > 0, "positive (for AdamW alone: --optimizer=adamw)"),
-        ('muon_momentum', *FRACTION), ('muon_weight_decay', *NOT_NEGATIVE)]
+        ('muon_momentum', *FRACTION), ('muon_weight_decay', *NOT_NEGATIVE),
+        ('scalar_lr', lambda v: v >= 0, "0 (learning_rate's) or more")]
 PORT = (lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535 (0: any free port)")
 # numpy's generators take any seed >= 0, torch.manual_seed up to 2**64 - 1; the scripts add the rank, the
 # step or a stream number to the seed, so below 2**63 leaves them all room
@@ -104,6 +105,8 @@ def inert(c):
         (('min_lr',), sched in ('constant', 'none'), "a constant learning_rate never decays to it"),
         (('lr_schedule',), sched == 'none', "decay_lr=False keeps learning_rate constant, whatever the schedule"),
         _without_muon(c),
+        (('scalar_lr',), c['optimizer'] == 'muon' and c['init_from'] == 'scratch' and not c['value_embeds']
+         and not c['skip_connections'], "the model has no learned scalars (value_embeds, skip_connections)"),
         (('sample_prompt', 'sample_max_tokens', 'sample_top_p', 'num_samples_train'), c['sample_interval'] == 0,
          no_sampling),
         (('dashboard_port',), not c['dashboard'], "dashboard=False serves no dashboard"),
@@ -125,7 +128,7 @@ def inert_sample(c):
 
 def _without_muon(c):
     """The rule (keys, unused, why) for Muon's settings under another optimizer."""
-    return (('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard'), c['optimizer'] != 'muon',
+    return (('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard', 'scalar_lr'), c['optimizer'] != 'muon',
             f"optimizer={c['optimizer']!r} trains without Muon")
 
 

@@ -60,9 +60,12 @@ def is_fused(optimizer):
 
 
 def set_lr(optimizer, lr):
-    """Every group's learning rate for this step: a tensor the CUDA graph reads (filled in place), or a number."""
+    """Every group's learning rate for this step: a tensor the CUDA graph reads (filled in place), or a number.
+    An AdamW group with an lr_scale (gpt/muon.py's learned scalars) takes lr times it; Muon's groups take lr
+    and scale it in their own step."""
     for group in optimizer.param_groups:
+        rate = lr if group.get('muon') else lr * group.get('lr_scale', 1.0)
         if isinstance(group['lr'], torch.Tensor):
-            group['lr'].fill_(lr)
+            group['lr'].fill_(rate)
         else:
-            group['lr'] = lr
+            group['lr'] = rate

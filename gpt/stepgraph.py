@@ -32,8 +32,10 @@ class StepGraph:
         self.x = torch.zeros((accum, batch_size, block_size), dtype=torch.long, device=device)
         self.y = torch.zeros_like(self.x)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
-        for group in optimizer.param_groups:
-            group['lr'] = self.lr  # one tensor, set before each replay
+        for group in optimizer.param_groups:  # tensors, set before each replay: one for every group at the
+            # schedule's rate, its own for an AdamW group at a multiple of it (gpt/step.py's set_lr)
+            scaled = not group.get('muon') and group.get('lr_scale', 1.0) != 1.0
+            group['lr'] = torch.zeros_like(self.lr) if scaled else self.lr
             group['capturable'] = True  # lets torch's optimizer be captured (fused AdamW runs the same kernels)
         self.graph = self.out = None
 

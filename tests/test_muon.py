@@ -20,6 +20,7 @@ from test_stepgraph import B, Scaled, T, V, batches, fake_capture, graph_step, p
 from gpt import muon, optim, stepgraph
 from gpt.checkpoint import portable
 from gpt.errors import UserError
+from gpt.step import set_lr
 from model import GPT, GPTConfig
 
 
@@ -28,10 +29,11 @@ def tiny(seed=0, **kw):
     return GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=T, vocab_size=V, dropout=0.0, **kw))
 
 
-def make_opt(model, fused=True, muon_lr=0.02, wd=0.1, muon_wd=0.0):
+def make_opt(model, fused=True, muon_lr=0.02, wd=0.1, muon_wd=0.0, params=None, scalar_lr=0.0):
     # fused AdamW on the CPU too: the kernel train.py uses on CUDA, and the one that takes found_inf
-    matrices = getattr(model, 'model', model).hidden_matrices()  # a Scaled model holds the GPT
-    opt = muon.configure(matrices, list(model.parameters()), 1e-3, muon_lr, wd, muon_wd, (0.9, 0.95), 0.95, 'cpu')
+    gpt = getattr(model, 'model', model)  # a Scaled model holds the GPT
+    opt = muon.configure(gpt.hidden_matrices(), list(params or model.parameters()), 1e-3, muon_lr, wd, muon_wd,
+                         (0.9, 0.95), 0.95, 'cpu', scalars=gpt.learned_scalars(), scalar_lr=scalar_lr)
     for group in opt.param_groups:
         group['fused'] = fused if not group['muon'] else None
     return opt
@@ -273,6 +275,40 @@ def test_graph_step_with_muon_trains_as_the_plain_loop(monkeypatch, graphed):
                                    rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "fake-graph"])
+def test_scalar_lr_trains_the_learned_scalars_at_their_own_rate(monkeypatch, graphed):
+    """scalar_lr: the skip and value-embedding weights take AdamW steps at scalar_lr / learning_rate times the
+    schedule's rate (a float, or on the CUDA graph a tensor of their own); everything else trains as it did.
+    The reference: Muon over the rest, torch's AdamW over the scalars at 40 x the rate."""
+    if graphed:
+        monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    fast = muon.orthogonalize
+    monkeypatch.setattr(muon, "orthogonalize", lambda G, steps: fast(G, steps, dtype=torch.float64))
+    switches = dict(value_embeds=1, skip_connections=True)
+    model, ref = tiny(**switches), tiny(**switches)
+    scalars = ref.learned_scalars()
+    assert [tuple(p.shape) for p in scalars] == [(1,), (2,), (2,)]  # skip weight, two layers' value weights
+    opt = make_opt(model, scalar_lr=0.04)
+    assert [len(g['params']) for g in opt.param_groups if g.get('lr_scale', 1.0) == 40.0 and not g['muon']] == [3]
+    ref_opt = make_opt(ref, params=[p for p in ref.parameters() if all(p is not s for s in scalars)])
+    scalar_opt = torch.optim.AdamW(scalars, lr=1.0, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
+    data = batches(4)
+    graph = stepgraph.StepGraph(model, opt, nullcontext(), 0.0, 1, B, T, 'cpu', graphed=graphed)
+    for (x, y), lr in zip(data, [2**-10, 2**-9, 2**-9, 2**-10]):
+        ref(x, y)[1].backward()
+        set_lr(ref_opt, lr)
+        scalar_opt.param_groups[0]['lr'] = 40 * lr
+        ref_opt.step()
+        scalar_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        scalar_opt.zero_grad(set_to_none=True)
+        set_lr(opt, lr)
+        graph.run([(x, y)])
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7 if p.dim() == 2 else 1e-5)
+    assert not torch.allclose(scalars[0], torch.ones(1), atol=40 * 2**-10)  # more than the plain rate moves it
+
+
 def test_refusals():
     model = tiny()
     with pytest.raises(UserError, match="fsdp"):
@@ -282,6 +318,9 @@ def test_refusals():
     with pytest.raises(UserError, match="muon_momentum"):
         muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0, (0.9, 0.95),
                        1.5, 'cpu')
+    with pytest.raises(UserError, match="scalar_lr 0 or more"):
+        muon.configure(model.hidden_matrices(), list(model.parameters()), 1e-3, 0.02, 0.1, 0.0, (0.9, 0.95),
+                       0.9, 'cpu', scalar_lr=-1.0)
 
 
 def test_default_optimizer_is_still_adamw():
@@ -309,9 +348,10 @@ def test_real_cuda_graph_with_muon_matches_eager():
 def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
     """train.py end to end with Muon and every switch: 12 steps at once, or 6 then a resume to 12."""
     args = ["--optimizer=muon", "--qk_norm=True", "--mlp_act=relu2", "--logit_softcap=30.0",
-            "--zero_init_proj=True", "--tie_embeddings=False", "--fused_loss=True"]
+            "--zero_init_proj=True", "--tie_embeddings=False", "--fused_loss=True", "--skip_connections=True",
+            "--scalar_lr=0.04"]
     whole, halves = tmp_path / "whole", tmp_path / "halves"
-    train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args)
+    assert "(1 learned scalars at 0.04)" in train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args).stdout
     train(data_dir, halves, *flags(max_iters=6, dropout=0.0), *args)
     wrong = train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), check=False)
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
@@ -322,6 +362,7 @@ def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
     ckpt = torch.load(halves / "ckpt.pt", weights_only=True)
     assert ckpt["model_args"]["qk_norm"] is True and "zero_init_proj" not in ckpt["model_args"]
     assert any(g["muon"] for g in ckpt["optimizer"]["param_groups"])
+    assert [len(g["params"]) for g in ckpt["optimizer"]["param_groups"] if g.get("lr_scale") and not g["muon"]] == [1]
     assert a[-1]["loss"] < a[0]["loss"]
 
 

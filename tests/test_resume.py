@@ -122,7 +122,7 @@ def test_a_resume_that_changes_a_training_setting_trains_with_it(first_run, data
 @pytest.mark.parametrize("key", [*plan.RESUME_REFUSED, 'n_layer', 'zero_init_proj'])
 def test_a_resume_that_changes_a_refused_setting_is_one_error_line(first_run, tmp_path, key):
     value = {'optimizer': 'sgd' if "--optimizer=muon" in first_run[1] else 'muon', 'seed': 7, 'n_layer': 3,
-             'zero_init_proj': True}[key]
+             'zero_init_proj': True, 'scalar_lr': 0.04}[key]
     with pytest.raises(errors.UserError, match=f"{key}={value!r}"):
         resume(first_run, tmp_path, f"--{key}={value}")
 

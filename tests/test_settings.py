@@ -12,13 +12,15 @@ def test_settings_given_that_do_nothing_are_named():
                 muon_weight_decay=0.0, muon_shard=True, sample_interval=0, sample_prompt="Hi", sample_max_tokens=32,
                 sample_top_p=1.0, num_samples_train=4, dashboard=False, dashboard_port=8000, compile=True,
                 compile_scope='model', keep_checkpoints=0, checkpoint_interval=0, ckpt_every_tokens=0,
-                total_batch_size=0, gradient_accumulation_steps=5)
+                total_batch_size=0, gradient_accumulation_steps=5, scalar_lr=0.04, init_from='scratch',
+                value_embeds=0, skip_connections=False)
 
     def notes(given, **values):
         return inert(configurator.Config({**base, **values}, given))
     assert notes(base.keys()) == ["lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
                                   *[f"{k}={base[k]!r} does nothing here: optimizer='adamw' trains without Muon"
-                                    for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_shard")],
+                                    for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_shard",
+                                              "scalar_lr")],
                                   "sample_prompt='Hi' does nothing here: sample_interval=0 draws no samples during "
                                   "training", *[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no "
                                                 f"samples during training" for k in ("sample_max_tokens",
@@ -26,6 +28,12 @@ def test_settings_given_that_do_nothing_are_named():
                                                                                      "num_samples_train")],
                                   "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
     assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
+    # Muon's rate for learned scalars, on a model without any; with them (or resuming a model that may have
+    # them) it is used
+    assert notes({"scalar_lr"}, optimizer='muon') == [
+        "scalar_lr=0.04 does nothing here: the model has no learned scalars (value_embeds, skip_connections)"]
+    assert notes({"scalar_lr"}, optimizer='muon', skip_connections=True) == []
+    assert notes({"scalar_lr"}, optimizer='muon', init_from='resume') == []
     assert notes({"dashboard"}, dashboard=True, eval_only=True) == [
         "dashboard=True does nothing here: eval_only writes no log for the page to show"]
     assert notes({"gradient_accumulation_steps"}, total_batch_size=4096) == [

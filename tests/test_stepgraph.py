@@ -51,8 +51,7 @@ def batches(n, device='cpu'):
 
 def plain_step(model, optimizer, data, accum, lr):
     """train.py's loop without the graph: micro-steps, clip at 1.0, skip a non-finite update."""
-    for group in optimizer.param_groups:
-        group['lr'] = lr
+    step.set_lr(optimizer, lr)
     loss_sum = 0.0
     for _ in range(accum):
         _, loss = model(*next(data))
