@@ -44,9 +44,9 @@ muon_momentum = 0.9
 muon_weight_decay = 0.0  # modded-nanogpt's short runs use none
 learning_rate = 6e-3  # AdamW, now only for embeddings, head and norm gains: modded-nanogpt's head rate is 8e-3
 # the value-embedding and skip weights (learned scalars near 1) at modded-nanogpt's scalar rate, not
-# learning_rate: at 6e-3 they barely move in 190 steps; at 0.04 every seed ended 0.015-0.021 lower on gcide
-# (docs/speedrun.md). The value tables themselves train at learning_rate, as the token embedding (as in
-# modded-nanogpt, where both share one rate)
+# learning_rate: at 6e-3 they barely move in 190 steps; at 0.04 every seed ended lower, by 0.013-0.022 on
+# gcide and 0.03-0.04 on techdocs (docs/speedrun.md). The value tables themselves train at learning_rate,
+# as the token embedding does (in modded-nanogpt too both share one rate)
 scalar_lr = 0.04
 weight_decay = 0.0  # nothing to regularise in a run of one or two epochs (modded-nanogpt: none)
 beta1, beta2 = 0.9, 0.95
