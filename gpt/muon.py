@@ -245,8 +245,9 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
                                  lr_scale=scalar_lr / learning_rate))
     n_muon = sum(p.numel() for p, _ in muon_params)
     n_adamw = sum(p.numel() for p in adamw_params)
+    n_scalars = sum(p.numel() for p in adamw_params if id(p) in scalar_ids)
     print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
-          f"tensors, {n_adamw:,} parameters, lr {learning_rate}" + (f" ({len(scalar_ids)} learned scalars at "
-          f"{scalar_lr})" if scalar_ids else ""))
+          f"tensors, {n_adamw:,} parameters, lr {learning_rate}" + (f"; learned scalars: {n_scalars}, at lr "
+          f"{scalar_lr}" if scalar_ids else ""))
     return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, lr=learning_rate, betas=betas,
                      fused=device_type == 'cuda' or None, shard=shard)

@@ -351,7 +351,7 @@ def test_train_py_resumes_a_muon_run_exactly(data_dir, tmp_path):  # noqa: F811
             "--zero_init_proj=True", "--tie_embeddings=False", "--fused_loss=True", "--skip_connections=True",
             "--scalar_lr=0.04"]
     whole, halves = tmp_path / "whole", tmp_path / "halves"
-    assert "(1 learned scalars at 0.04)" in train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args).stdout
+    assert "learned scalars: 1, at lr 0.04" in train(data_dir, whole, *flags(max_iters=12, dropout=0.0), *args).stdout
     train(data_dir, halves, *flags(max_iters=6, dropout=0.0), *args)
     wrong = train(data_dir, halves, *flags(max_iters=12, dropout=0.0, init_from="resume"), check=False)
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
