@@ -46,8 +46,9 @@ def products(M, K, N):
 
 def measure(rows, inner, cols, a_type, b_type, iters):
     a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(cols, inner, device="cuda", dtype=torch.bfloat16)  # row-major (cols, inner): b.t() is
-    bf16 = timed(lambda: a @ b.t(), iters)                               # the column-major operand _scaled_mm wants
+    # row-major (cols, inner), so that b.t() is the column-major operand _scaled_mm wants
+    b = torch.randn(cols, inner, device="cuda", dtype=torch.bfloat16)
+    bf16 = timed(lambda: a @ b.t(), iters)
     qa, sa = quantize(a, a_type)
     qb, sb = quantize(b, b_type)
     fp8 = timed(lambda: torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), iters)
