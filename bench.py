@@ -17,10 +17,14 @@ import torch
 import torch._functorch.config
 
 import configurator
-from gpt import errors, generation, hardware, muon, optim, settings, stepgraph
+from gpt import generation, optim
+from gpt.config import settings
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
-from gpt.loader import check_ids, check_split
-from gpt.step import set_lr, train_step
+from gpt.data.loader import check_ids, check_split
+from gpt.optim import muon
+from gpt.runtime import errors, hardware
+from gpt.training import stepgraph
+from gpt.training.step import set_lr, train_step
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -53,10 +57,10 @@ compile = True
 activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations in the backward to save memory
 check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
 fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
-cuda_graph = False  # True: replay the whole training step from a CUDA graph (gpt/stepgraph.py), as train.py's option
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (gpt/training/stepgraph.py), as in train.py
 cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead), as train.py's option
 profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
-peak_flops = 0.0  # 0: from gpt/hardware.py's table
+peak_flops = 0.0  # 0: from gpt/runtime/hardware.py's table
 out_json = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
@@ -177,7 +181,7 @@ def bench_train(B):
         def step():
             return graph.run([next(data)])[0]
     else:
-        def step():  # train.py's step (gpt/step.py), one micro-step
+        def step():  # train.py's step (gpt/training/step.py), one micro-step
             return train_step(step_model, opt, scaler, [next(data)], 1, ctx, grad_clip)[0]
     if device_type == 'cuda':
         torch.cuda.empty_cache()

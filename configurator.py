@@ -28,7 +28,7 @@ import re
 import sys
 import types
 
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 CONFIG_TYPES = (bool, int, float, str)
 

@@ -7,8 +7,8 @@ $ python convert_checkpoint.py --out_dir=out
 import sys
 
 import configurator
-from gpt import errors
 from gpt.checkpoint import convert_sharded
+from gpt.runtime import errors
 
 out_dir = 'out'  # holds ckpt_dcp/; ckpt.pt is written beside it
 errors.install()

@@ -16,11 +16,11 @@ import os
 import sys
 
 import configurator
-from gpt import errors
-from gpt.dashboard import make_server, url
-from gpt.errors import UserError
-from gpt.settings import check_dashboard
-from gpt.trainlog import LOG_NAME
+from gpt.config.settings import check_dashboard
+from gpt.monitor.server import make_server, url
+from gpt.monitor.trainlog import LOG_NAME
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 
 def main(argv):

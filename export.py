@@ -9,7 +9,7 @@ $ python export.py --out_dir=out --export_dir=my-model --dtype=bfloat16
 $ python export.py --out_dir=out --export_dir=my-model --force=True   # replace a folder that is not an export
 
 The folder is written beside export_dir, checked (transformers loads it, and its logits and tokens must be
-ours), and only then put in place: export_dir may be absent, empty or an earlier export (gpt/exportdir.py);
+ours), and only then put in place: export_dir may be absent, empty or an earlier export (gpt/hf/exportdir.py);
 anything else is refused unless --force=True, and a failed export leaves it as it was.
 A model whose vocabulary was padded (GPT-2: 50304 for the tokenizer's 50257) keeps its padded size, so the
 weights are exactly ours; the padding ids are listed in generation_config.json's suppress_tokens, so
@@ -24,12 +24,12 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt import errors, exportdir
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint, newer_sharded
 from gpt.data import dataset_dir, read_meta
-from gpt.errors import UserError
-from gpt.hf import hf_tokenizer, model_card, save_tokenizer, to_hf, verify
-from gpt.tokenizer import get_tokenizer
+from gpt.data.tokenizer import get_tokenizer
+from gpt.hf import exportdir, hf_tokenizer, model_card, save_tokenizer, to_hf, verify
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
@@ -78,7 +78,7 @@ def main(argv):
     hf_config, state_dict = to_hf(model)  # what transformers cannot express is refused here, before writing
     hf_tok = hf_tokenizer(tokenizer, model.config.block_size, model.config.vocab_size)
     # GPT-2's <|endoftext|> begins and ends documents, and pads batches; a character vocabulary gets one
-    # where the model has a spare id (gpt/hf.py's hf_tokenizer)
+    # where the model has a spare id (gpt/hf/__init__.py's hf_tokenizer)
     if hf_tok.pad_token is None:
         tqdm.write(f"note: every one of the model's {model.config.vocab_size} ids is a character, so the export "
                    f"has no end-of-text or pad token and generates one prompt at a time (docs/export.md)")

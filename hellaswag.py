@@ -11,7 +11,7 @@ Reference numbers on the 10,042 validation examples (build-nanogpt's hellaswag.p
     OpenAI GPT-2 124M   acc 0.2859  acc_norm 0.2955
     OpenAI GPT-2 XL     acc 0.3842  acc_norm 0.4893
     GPT-3 Small (124M), in the GPT-3 paper: 0.337 (its own evaluation)
-The scoring lives in gpt/hellaswag.py, which train.py also uses during training.
+The scoring lives in gpt/training/hellaswag_eval.py, which train.py also uses during training.
 """
 import sys
 
@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 import configurator
-from gpt import distributed, errors, hardware
 from gpt.checkpoint import load_model
-from gpt.hellaswag import evaluate, load_examples
-from gpt.settings import check_hellaswag
-from gpt.tokenizer import folder_meta, get_tokenizer
+from gpt.config.settings import check_hellaswag
+from gpt.data.tokenizer import folder_meta, get_tokenizer
+from gpt.runtime import distributed, errors, hardware
+from gpt.training.hellaswag_eval import evaluate, load_examples
 
 
 def main(argv):

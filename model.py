@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import generation
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
@@ -82,12 +82,12 @@ class GPTConfig:
     zero_init_proj: bool = initialisation(False)
     # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
     # (LinearCrossEntropy; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel,
-    # gpt/cross_entropy.py), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
+    # gpt/kernels/cross_entropy.py), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
     # lm_head, then F.cross_entropy over the full logits
     fused_loss: bool = runtime(False)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
     # True: qk_norm and the rotary embedding (pos_emb='rope', llama) in one Triton kernel each way
-    # (gpt/fused_qk.py), on a CUDA GPU, uncompiled: the same math as the plain path below, a few times fewer
+    # (gpt/kernels/fused_qk.py), on a CUDA GPU, uncompiled: the same math as the plain path below, a few times fewer
     # bytes moved (torch.compile fuses the plain path itself)
     fused_qk: bool = runtime(False)
 
@@ -225,10 +225,10 @@ class LinearCrossEntropy(torch.autograd.Function):
         count = valid.sum().clamp(min=1)
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=torch.float32)
-        # on a GPU, uncompiled: the loss and gradient in one Triton kernel (gpt/cross_entropy.py), the same math
+        # on a GPU, uncompiled: the loss and gradient in one Triton kernel (gpt/kernels/cross_entropy.py), the same math
         kernel = x.is_cuda and not torch.compiler.is_compiling() and _HAS_TRITON
         if kernel:
-            from gpt.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
+            from gpt.kernels.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
         for i in range(0, x.size(0), chunk):
             xs, ts = x[i:i + chunk].to(dtype), targets[i:i + chunk]
             logits = xs @ w.t()
@@ -251,7 +251,7 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 def _loss_and_grad(logits, targets, softcap, dtype):
     """A chunk's summed loss, and its gradient d (summed loss) / d logits in dtype, zero where the target is -1
-    (gpt/cross_entropy.py's kernel computes the same on a GPU, in one pass)."""
+    (gpt/kernels/cross_entropy.py's kernel computes the same on a GPU, in one pass)."""
     logits, valid, ts = logits.float(), targets != -1, targets.clamp(min=0)
     if softcap:  # logit soft-capping: cap * tanh(z / cap), whose derivative is 1 - tanh^2
         capped = torch.tanh(logits / softcap)
@@ -298,7 +298,7 @@ class CausalSelfAttention(nn.Module):
         q, k = q.view(B, T, self.n_head, hs), k.view(B, T, self.n_kv_head, hs)
         if (self.qk_norm or rope is not None) and self.config.fused_qk and q.is_cuda \
                 and not torch.compiler.is_compiling():
-            from gpt.fused_qk import norm_and_rotate  # imports Triton: only where it runs
+            from gpt.kernels.fused_qk import norm_and_rotate  # imports Triton: only where it runs
             q, k = norm_and_rotate(q, k, rope, self.norm_eps if self.qk_norm else None)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
         else:
@@ -499,7 +499,7 @@ class GPT(nn.Module):
     def from_pretrained(cls, model_type, override_args=None):
         """GPT-2 weights through transformers: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a
         local folder written by save_pretrained; or a Llama folder (LlamaForCausalLM). Only `dropout` may be
-        overridden. The conversion is gpt/hf.py's, the bridge to transformers in both directions."""
+        overridden. The conversion is gpt/hf/__init__.py's, the bridge to transformers in both directions."""
         override_args = override_args or {}
         assert all(k == "dropout" for k in override_args), f"only dropout can be overridden, got {override_args}"
         from gpt import hf  # imported here: transformers is slow to import, and only this needs it
@@ -510,7 +510,7 @@ class GPT(nn.Module):
 
     def hidden_matrices(self):
         """The blocks' weight matrices, each with the row counts of the matrices it fuses (c_attn: q, k, v;
-        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/muon.py). The rest is AdamW's: embeddings
+        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/optim/muon.py). The rest is AdamW's: embeddings
         (value embeddings too), the head, gains, biases and the learned scalars of value_embeds and
         skip_connections, as in modded-nanogpt."""
         cfg = self.config
@@ -521,12 +521,12 @@ class GPT(nn.Module):
 
     def learned_scalars(self):
         """The learned mixing weights of value_embeds and skip_connections (none without them): what the
-        scalar_lr setting trains at its own rate (gpt/muon.py), as modded-nanogpt's scalars."""
+        scalar_lr setting trains at its own rate (gpt/optim/muon.py), as modded-nanogpt's scalars."""
         lambdas = [b.attn.ve_lambdas for b in self.transformer.h if hasattr(b.attn, 've_lambdas')]
         return ([self.skip_weights] if self.config.skip_connections else []) + lambdas
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """nanoGPT's AdamW (train.py's optimizer='adamw'; gpt/optim.py builds the others)."""
+        """nanoGPT's AdamW (train.py's optimizer='adamw'; gpt/optim/__init__.py builds the others)."""
         # every weight matrix and embedding decays; biases and norm gains do not
         params = [p for p in self.parameters() if p.requires_grad]
         decay_params = [p for p in params if p.dim() >= 2]
@@ -540,7 +540,7 @@ class GPT(nn.Module):
         print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
         # the fused kernel is much faster where it exists
         use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
-        from gpt.adamw import AdamW  # torch's, without importing torch._dynamo (seconds of start-up)
+        from gpt.optim.adamw import AdamW  # torch's, without importing torch._dynamo (seconds of start-up)
         optimizer = AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
         print(f"using fused AdamW: {use_fused}")
         return optimizer
@@ -554,7 +554,7 @@ class GPT(nn.Module):
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=312e12):
         """Model FLOPs utilization: achieved FLOP/s over the device's peak, `peak_flops` (nanoGPT's default:
-        an A100's bf16 312 TFLOP/s; gpt/hardware.py's peak_flops(device) knows other GPUs). None when the
+        an A100's bf16 312 TFLOP/s; gpt/runtime/hardware.py's peak_flops(device) knows other GPUs). None when the
         peak is unknown (None or 0: CPU, MPS)."""
         if not peak_flops:
             return None

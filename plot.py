@@ -11,10 +11,10 @@ import os
 import sys
 
 import configurator
-from gpt import errors
 from gpt.data import check_output_file
-from gpt.errors import UserError
-from gpt.trainlog import LOG_NAME, read_log
+from gpt.monitor.trainlog import LOG_NAME, read_log
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 # the values the panels plot; each is a number or null in a train or eval row (step and tokens always numbers)
 PLOTTED = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "train_loss", "val_loss", "hellaswag", "hellaswag_acc")

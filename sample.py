@@ -3,7 +3,7 @@ Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 wei
 $ python sample.py --out_dir=out-shakespeare-char
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
 """
-from gpt import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/errors.py)
+from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/runtime/errors.py)
 
 errors.install()
 
@@ -14,9 +14,11 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt import generation, hardware, settings
+from gpt import generation
 from gpt.checkpoint import load_model
-from gpt.tokenizer import folder_meta, get_tokenizer
+from gpt.config import settings
+from gpt.data.tokenizer import folder_meta, get_tokenizer
+from gpt.runtime import hardware
 
 # -----------------------------------------------------------------------------
 init_from = 'resume'  # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder

@@ -13,7 +13,7 @@ import time
 
 _launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
 
-from gpt import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/errors.py)
+from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/runtime/errors.py)
 
 errors.install()
 
@@ -26,12 +26,17 @@ with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from
 
 _imported_torch = time.time()
 import configurator
-from gpt import checkpoint, distributed, hardware, muon, optim, plan, rundir, schedule, step, stepgraph
-from gpt.evaluation import all_ranks_mean, draw_samples, estimate_loss
-from gpt.loader import make_loader
-from gpt.preemption import StopRequest
-from gpt.tokenizer import get_tokenizer
-from gpt.trainlog import Startup, TrainLog, start_wandb, step_line
+from gpt import checkpoint, optim
+from gpt.checkpoint import rundir
+from gpt.config import plan
+from gpt.data.loader import make_loader
+from gpt.data.tokenizer import get_tokenizer
+from gpt.monitor.trainlog import Startup, TrainLog, start_wandb, step_line
+from gpt.optim import muon
+from gpt.runtime import distributed, hardware
+from gpt.runtime.signals import StopRequest
+from gpt.training import schedule, step, stepgraph
+from gpt.training.evaluation import all_ranks_mean, draw_samples, estimate_loss
 from model import GPTConfig
 
 startup = Startup(_launch_time, _imported_torch)  # where the time before the first step goes, said as it starts
@@ -81,7 +86,7 @@ bias = False  # do we use bias inside LayerNorm and Linear layers?
 # ('gpt2' or 'llama'), n_kv_head, mlp_hidden, rope_theta, tie_embeddings, qk_norm, mlp_act, logit_softcap, ...
 model_options = GPTConfig.options()
 # the optimizer
-optimizer = 'adamw'  # 'adamw' (nanoGPT's), or 'muon': Muon for the blocks' matrices, AdamW the rest (gpt/optim.py)
+optimizer = 'adamw'  # 'adamw' (nanoGPT's), or 'muon': Muon for the blocks' matrices, AdamW the rest (gpt/optim/)
 learning_rate = 6e-4  # max learning rate
 max_iters = 600000  # total number of training iterations
 max_tokens = 0  # or a token budget: when set, max_iters = ceil(max_tokens / tokens per iteration)
@@ -99,11 +104,11 @@ lr_decay_tokens = 0  # or decay over this many tokens (0: lr_decay_iters, or wit
 min_lr = 6e-5  # minimum learning rate, should be ~= learning_rate/10 per Chinchilla
 lr_schedule = 'cosine'  # after the warm-up: 'cosine' (to min_lr), 'constant', or 'wsd' (stable, then linear decay)
 lr_decay_frac = 0.2  # wsd: decay to min_lr over this last fraction of max_iters
-muon_options = dict(muon.OPTIONS)  # optimizer='muon': its rate muon_lr, momentum, ... (gpt/muon.py)
+muon_options = dict(muon.OPTIONS)  # optimizer='muon': its rate muon_lr, momentum, ... (gpt/optim/muon.py)
 # distributed settings
 parallelism = 'ddp'  # 'ddp': a whole copy per GPU; 'fsdp': FSDP2 shards weights, gradients and optimizer state
 activation_checkpointing = False  # recompute activations in the backward pass: less memory, more compute
-parallel_options = dict(distributed.OPTIONS)  # backend, ddp_bucket_mb, compile_scope, ...: see gpt/distributed.py
+parallel_options = dict(distributed.OPTIONS)  # backend, ddp_bucket_mb, compile_scope, ... (gpt/runtime/distributed.py)
 # system
 device = 'auto'  # 'auto', 'cuda', 'cuda:1', 'cpu' or 'mps'; auto picks the best one present and says so
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16' (float16 uses a GradScaler); auto: bf16 on GPUs that have it
@@ -111,14 +116,14 @@ init_device = 'device'  # where a new model's weights are drawn: 'device' (the r
 # seconds, but other weights for a seed than the CPU's) or 'cpu' (nanoGPT's weights for a seed, on any machine)
 compile = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss = False  # True: the loss a chunk at a time, never the (B, T, vocab) logits: less memory, often faster
-cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU; see gpt/stepgraph.py)
+cuda_graph = False  # True: replay the whole training step from a CUDA graph (one CUDA GPU: gpt/training/stepgraph.py)
 cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead): a shorter cold start
 seed = 1337
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options, parallel_options)
 # -----------------------------------------------------------------------------
 # The run is decided before anything is touched: the settings, the machine (torchrun's processes), the data
-# and the weights it starts from make one frozen plan (gpt/plan.py), every check that can fail runs, and from
+# and the weights it starts from make one frozen plan (gpt/config/plan.py), every check that can fail runs, and from
 # here on the script reads the plan. Only then is out_dir claimed (an earlier run moved aside), are weights
 # downloaded and the model built.
 run, source = plan.make(config)
@@ -150,7 +155,7 @@ if master_process:
     print(f"tokens per iteration will be: {run.tokens_per_iter:,}")
 dashboard_server = None
 if dashboard and master_process and run.writes:  # the port is taken now: one in use is refused here
-    from gpt import dashboard as live_page
+    from gpt.monitor import server as live_page
     dashboard_server = live_page.make_server(out_dir, dashboard_port, training=True)
 
 # -----------------------------------------------------------------------------
@@ -160,7 +165,7 @@ if master_process and run.writes:
     claim = rundir.claim(out_dir, fresh=run.init != 'resume')
     errors.on_failure(claim.undo)  # a run that fails before its first step leaves out_dir as it found it
 if hellaswag_interval:
-    from gpt import hellaswag
+    from gpt.training import hellaswag_eval as hellaswag
     hellaswag_examples = distributed.rank_zero_first(hellaswag.load_examples)  # rank 0 downloads the file
 torch.manual_seed(seed + run.rank)  # each process gets a different seed
 torch.set_float32_matmul_precision('high')  # allow tf32 on matmul (a no-op on CPUs)
@@ -199,7 +204,7 @@ if iter_num >= run.max_iters and not eval_only:
           f"or --max_tokens to train on)")
 source = None  # free up memory (a checkpoint's tensors)
 
-# the whole training step as one CUDA graph (gpt/stepgraph.py), where the plan says it can be
+# the whole training step as one CUDA graph (gpt/training/stepgraph.py), where the plan says it can be
 step_graph = None
 if run.cuda_graph:
     # eager steps before the capture set up cuBLAS and the optimizer's state: one does it uncompiled; a compiled
@@ -318,8 +323,8 @@ while True:
     if local_iter_num == 0:  # where the time from launch to here went, on one line
         startup.part('first evaluation')  # and whatever else step 0 does before it trains (a save, samples)
         log.write(kind='startup', step=iter_num, **startup.row())
-        print(startup.line(run.compile))  # rank 0's: the others print nothing (gpt/errors.py)
-    # forward, backward and update over the micro-batches (gpt/step.py), the same function replayed from a
+        print(startup.line(run.compile))  # rank 0's: the others print nothing (gpt/runtime/errors.py)
+    # forward, backward and update over the micro-batches (gpt/training/step.py), the same function replayed from a
     # CUDA graph where the plan says so; a NaN/inf loss or gradient skips the update
     if step_graph is not None:
         loss_sum, grad_norm = step_graph.run(micro_batches())
@@ -376,7 +381,7 @@ while True:
         if dashboard_server is not None:
             dashboard_server.finish()
         if run.torchrun:
-            del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
+            del model  # the DDP wrapper goes before the process group (gpt/runtime/distributed.py's finish says why)
             distributed.finish()
         sys.exit(stop.exit_code)
 
@@ -386,6 +391,6 @@ log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, ela
 if dashboard_server is not None:
     dashboard_server.finish()  # a page that is open reads the run's last rows before the server ends
 if run.torchrun:
-    del model  # the DDP wrapper goes before the process group (gpt/distributed.py's finish says why)
+    del model  # the DDP wrapper goes before the process group (gpt/runtime/distributed.py's finish says why)
     distributed.finish()
 saver.check_end()  # a run whose last save failed, or that ended diverged, does not end with status 0

@@ -33,7 +33,7 @@ value_embeds = 3
 # input of its mirror block (block j feeds block 11 - j; modded-nanogpt's record of Nov 10 2024)
 skip_connections = True
 
-# the optimizer: Muon for the blocks' matrices (gpt/muon.py: Jordan et al. 2024, modded-nanogpt's optimizer
+# the optimizer: Muon for the blocks' matrices (gpt/optim/muon.py: Jordan et al. 2024, modded-nanogpt's optimizer
 # since its first records; Liu et al. 2025 "Muon is scalable for LLM training" at 16B), AdamW for the rest
 optimizer = 'muon'
 muon_lr = 0.02  # Muon's reference rate (KellerJordan/Muon's default); its updates have unit spectral scale
@@ -61,7 +61,7 @@ decay_lr = True
 # batch: 16 sequences of 1024 tokens a step (16,384 tokens, a quarter of nanoGPT's 65,536), one micro-step.
 # Muon makes more of a token in smaller steps (at the same tokens, 16,384 a step reached a lower loss than
 # 32,768 and 65,536), and a step of 16 sequences still keeps an H100 busy (docs/speedrun.md's table). On two
-# or four GPUs the same 16 sequences are split between them (gpt/schedule.py's split_batch). The run's length
+# or four GPUs the same 16 sequences are split between them (gpt/training/schedule.py's split_batch). The run's length
 # is the knob that trades time against loss: 190 steps = 3.1M tokens (12% of nanoGPT's 26.2M). The WSD decay
 # ends with the run, so the best checkpoint is the last one: change max_iters, not where to stop reading (and
 # warmup_iters with it, about a sixth of the run).
@@ -81,10 +81,10 @@ wandb_log = False
 
 # speed: the clock starts at launch, and a cold compile (~45 s before the first step on an H100) costs more
 # than it saves in a run this short. Uncompiled, QK-norm and the rotary embedding are a chain of float32
-# elementwise kernels; fused_qk runs them as one Triton kernel each way (gpt/fused_qk.py, the same math, a
+# elementwise kernels; fused_qk runs them as one Triton kernel each way (gpt/kernels/fused_qk.py, the same math, a
 # quarter less time a step). At 16 sequences a step the kernels are small enough that launching them shows:
-# the CUDA graph replays the whole step (gpt/stepgraph.py; one GPU only, torchrun runs without it). The fused
-# loss takes the loss and its gradient from the logits in one Triton kernel (gpt/cross_entropy.py): a tenth
+# the CUDA graph replays the whole step (gpt/training/stepgraph.py; one GPU only, torchrun runs without it). The fused
+# loss takes the loss and its gradient from the logits in one Triton kernel (gpt/kernels/cross_entropy.py): a tenth
 # less time a step than F.cross_entropy's float32 passes over them. Attention takes flash attention's kernel,
 # not cuDNN's: cuDNN's is a little faster a step but builds its kernels at the first calls, and a cold launch
 # reaches its last step sooner without it (docs/speedrun.md).

@@ -8,7 +8,7 @@ wandb_run_name = 'gpt2-124M'
 
 # the total batch size, ~0.5M tokens a step: 12 batch size * 1024 block size * 5 gradaccum * 8 GPUs = 491,520.
 # Stated in tokens, it is the same on any number of GPUs: 40 micro-steps of 12 on one, 5 on eight, 10 on four
-# (batch_size is the most sequences a micro-step takes: gpt/schedule.py's split_batch)
+# (batch_size is the most sequences a micro-step takes: gpt/training/schedule.py's split_batch)
 total_batch_size = 491_520
 batch_size = 12
 block_size = 1024

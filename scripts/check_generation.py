@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import configurator  # noqa: E402
-from gpt import hardware  # noqa: E402
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from gpt.runtime import hardware  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 dtype = "auto"  # or float32 (TF32 off too)

@@ -29,8 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpt import distributed, hardware  # noqa: E402
-from gpt.evaluation import all_ranks_mean  # noqa: E402
+from gpt.runtime import (
+    distributed,
+    hardware,  # noqa: E402
+)
+from gpt.training.evaluation import all_ranks_mean  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 S = dict(steps=10, warmup=3, micro_steps=0, batch_size=12, block_size=1024, n_layer=12, n_head=12, n_embd=768,

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gpt import muon  # noqa: E402
+from gpt.optim import muon  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 # ops that launch nothing: allocations (views are told by their schema)
@@ -73,7 +73,7 @@ def profile_step(n_embd, n_layer, graphed):
     with contextlib.redirect_stdout(io.StringIO()):  # configure's summary line
         opt = muon.configure(mats, [bias], 6e-4, 0.02, 0.1, 0.0, (0.9, 0.95), 0.95, 'cpu')
     found_inf = torch.zeros(()) if graphed else None
-    if graphed:  # as gpt/stepgraph.py sets it: one 0-dim tensor for every group
+    if graphed:  # as gpt/training/stepgraph.py sets it: one 0-dim tensor for every group
         lr = torch.full((), 6e-4)
         for group in opt.param_groups:
             group['lr'] = lr

@@ -11,7 +11,7 @@ The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to b
 3. this project's recipe (--config, config/speedrun_gcide.py) once per seed, its checkpoint at the end;
    and, with --curve, one more run of the first seed that also saves a checkpoint every --curve_tokens
    (those saves cost seconds, so its times are drawn, not reported);
-4. every saved checkpoint scored by one pass over the whole of val.bin (gpt/evaluation.py's
+4. every saved checkpoint scored by one pass over the whole of val.bin (gpt/training/evaluation.py's
    full_split_loss: every token once, in order); nanoGPT's last checkpoint's score is the target;
 5. --out/speedrun.md (card, torch, commit, seeds, time and tokens to the target) and --out/speedrun.png
    (val loss against seconds since launch, both trainers). With --nproc=N this project's runs go under
@@ -93,9 +93,9 @@ def score(ckpt_path, val_path, device, batch_size=16):
     """(iter_num, tokens seen, full val loss) of a checkpoint (ours or nanoGPT's)."""
     import torch
 
-    from gpt import hardware
     from gpt.checkpoint import load_checkpoint, model_from_checkpoint
-    from gpt.evaluation import full_split_loss
+    from gpt.runtime import hardware
+    from gpt.training.evaluation import full_split_loss
     ckpt = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(ckpt, ckpt_path).to(device)
     cfg = ckpt.get("config", {})

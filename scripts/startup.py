@@ -18,20 +18,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIECES = [  # (what, code timed after its setup, setup)
     ("import torch", "import torch", ""),
     ("import torch._dynamo (torch.optim's first optimizer imports it)", "import torch._dynamo", "import torch"),
-    ("import train.py's other modules", "import configurator, model; from gpt import checkpoint, distributed, "
-     "hardware, muon, optim, plan, rundir, schedule, settings, step, stepgraph, data, evaluation, loader, tokenizer, "
-     "trainlog",
+    ("import train.py's other modules", "import configurator, model; from gpt import checkpoint, data, optim; "
+     "from gpt.config import plan, settings; from gpt.runtime import distributed, hardware; "
+     "from gpt.training import evaluation, schedule, step, stepgraph; from gpt.data import loader, tokenizer; "
+     "from gpt.monitor import trainlog",
      "import torch"),
     ("build the model on the CPU (its init), config's shape",
      "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
     ("build the model with init_device='device' (CUDA where there is one: its start included)",
      "m = plan.init_model(GPTConfig(**shape).__dict__, 0, dev); m.to(dev); sync()",
-     "import torch; from gpt import plan; from model import GPTConfig\n"
+     "import torch; from gpt.config import plan; from model import GPTConfig\n"
      "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
      "sync = torch.cuda.synchronize if dev == 'cuda' else (lambda: None)"),
     ("check train.bin and val.bin: every id within the vocabulary (a max over each file)",
      "[check_ids(open_tokens(os.path.join(data, f'{s}.bin')), None, s) for s in ('train', 'val')]",
-     "import os; from gpt.data import open_tokens; from gpt.loader import check_ids"),
+     "import os; from gpt.data import open_tokens; from gpt.data.loader import check_ids"),
 ]
 
 

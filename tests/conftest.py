@@ -63,7 +63,7 @@ def _cuda():
     return torch.cuda.is_available()
 
 
-# Triton kernels (gpt/fused_qk.py, gpt/cross_entropy.py) run on the CPU under Triton's interpreter, in a fresh
+# Triton kernels (gpt/kernels/) run on the CPU under Triton's interpreter, in a fresh
 # process (TRITON_INTERPRET=1 must be set before a kernel is defined). Triton comes with torch's CUDA builds: CI
 # runs these tests under torch 2.11's; without Triton they skip.
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -132,7 +132,8 @@ def tiny(**overrides):
 def train_settings():
     """train.py's settings with their defaults, as the configurator sees them: the globals of its settings
     block and the entries of its option dicts (GPTConfig's fields, Muon's and DDP's options)."""
-    from gpt import distributed, muon
+    from gpt.optim import muon
+    from gpt.runtime import distributed
     from model import GPTConfig
     with open(os.path.join(ROOT, "train.py")) as f:
         source = f.read()
@@ -147,7 +148,7 @@ def train_settings():
 
 def log_rows(out_dir, kind="train"):
     """The rows of one kind (train, eval, sample, ...) of a run's log.jsonl."""
-    from gpt.trainlog import read_log
+    from gpt.monitor.trainlog import read_log
     return [row for row in read_log(out_dir) if row["kind"] == kind]
 
 
@@ -350,7 +351,7 @@ def write_char_dataset(folder, text_path, chars=100000, extra_chars=""):
     train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. extra_chars join the
     vocabulary (for prompts or HellaSwag examples with characters the text lacks). Returns the folder."""
     from gpt.data import write_meta, write_tokens
-    from gpt.tokenizer import char_meta, get_tokenizer
+    from gpt.data.tokenizer import char_meta, get_tokenizer
     with open(text_path, encoding="utf-8") as f:
         text = f.read()[:chars]
     meta = char_meta(text + extra_chars)

@@ -6,7 +6,7 @@ spends ~1.5 s of CPU importing torch before it does anything: most of the suite'
 process per test worker imports them once; each launch is a fork of it that runs the script as the
 interpreter would: its argv, working folder, environment and sys.path[0], the script as __main__, stdout and
 stderr in files, stdin empty, an uncaught exception through sys.excepthook (whose SystemExit sets the status,
-as gpt/errors.py's does) and the interpreter's own exit (atexit, finalization). The caller gets a
+as gpt/runtime/errors.py's does) and the interpreter's own exit (atexit, finalization). The caller gets a
 subprocess.CompletedProcess, as from subprocess.run.
 
 What a fork cannot give is a fresh interpreter: torch's import has happened before the script starts (so its

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from gpt.atomic import atomic_path, atomic_write
+from gpt.runtime.files import atomic_path, atomic_write
 
 
 def test_atomic_write_replaces_only_when_complete(tmp_path):

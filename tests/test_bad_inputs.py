@@ -5,8 +5,8 @@ exit status 2, found before any benchmark, conversion or process group starts.
 import pytest
 from conftest import run
 
-from gpt import distributed
-from gpt.errors import UserError
+from gpt.runtime import distributed
+from gpt.runtime.errors import UserError
 
 
 def one_error_line(r):

@@ -15,10 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, counting_ids, log_rows, run, tiny, write_ids_dataset
 
-from gpt import rundir
-from gpt.checkpoint import Saver, load_checkpoint, save_checkpoint
+from gpt.checkpoint import Saver, load_checkpoint, rundir, save_checkpoint
 from gpt.data import read_meta
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 # dropout on, so resuming must restore the random state too, not just weights and optimizer
 TINY = tiny(gradient_accumulation_steps=2, eval_interval=5, warmup_iters=3, lr_decay_iters=20, dropout=0.1,
@@ -108,7 +107,7 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_pat
 
 
 def test_second_signal_exits_at_once(tmp_path):
-    script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom gpt.preemption import StopRequest\n"
+    script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom gpt.runtime.signals import StopRequest\n"
               "stop = StopRequest()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('first handled:', stop.requested())\n"
               "sys.stdout.flush()\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\nprint('not reached')\n" % ROOT)
     t0 = time.time()

@@ -12,7 +12,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from gpt.checkpoint import load_checkpoint  # noqa: E402
-from gpt.errors import UserError  # noqa: E402
+from gpt.runtime.errors import UserError  # noqa: E402
 
 
 def ckpt(i):

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import configurator
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 
 def defaults():

@@ -1,4 +1,4 @@
-"""gpt/cross_entropy.py: the Triton kernel behind fused_loss on a GPU computes F.cross_entropy's loss and its
+"""gpt/kernels/cross_entropy.py: the Triton kernel behind fused_loss on a GPU computes F.cross_entropy's loss and its
 gradient. On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set before the kernel is
 defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this file under torch 2.11's),
 and the test skips where it is not installed. On a GPU the compiled kernel runs inside the model's fused loss
@@ -13,7 +13,7 @@ from model import GPT, GPTConfig
 # in the last partial block, soft-capping, bf16 logits (the kernel computes in float32, writes bf16)
 COMPARE = r"""
 import torch, torch.nn.functional as F
-from gpt.cross_entropy import loss_and_grad_
+from gpt.kernels.cross_entropy import loss_and_grad_
 torch.manual_seed(0)
 for N, V, cap, dtype in [(6, 5000, 0.0, torch.float32), (5, 37, 0.0, torch.float32), (4, 5000, 15.0, torch.float32),
                          (3, 300, 0.0, torch.bfloat16)]:

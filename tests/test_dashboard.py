@@ -22,9 +22,9 @@ import urllib.request
 import pytest
 from conftest import ROOT, flags, tiny, write_char_dataset
 
-from gpt import dashboard
-from gpt.errors import UserError
-from gpt.trainlog import read_log
+from gpt.monitor import server as dashboard
+from gpt.monitor.trainlog import read_log
+from gpt.runtime.errors import UserError
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")

@@ -11,8 +11,8 @@ import pytest
 from conftest import run as run_script
 
 from gpt.data import list_shards, open_shard, read_meta, write_shard
-from gpt.errors import UserError
-from gpt.tokenizer import gpt2_encoding
+from gpt.data.tokenizer import gpt2_encoding
+from gpt.runtime.errors import UserError
 
 SHARD = 2000
 
@@ -152,7 +152,8 @@ def test_bad_shards_are_rejected_in_one_line(prepared, tmp_path):
     foreign.write_bytes(np.random.default_rng(0).bytes(5000))
     with pytest.raises(UserError, match=f"{foreign} is not a token shard: bad magic"):
         open_shard(foreign)
-    script = "import sys; from gpt import data, errors; errors.install(); data.open_shard(sys.argv[1])"
+    script = ("import sys; from gpt import data; from gpt.runtime import errors; errors.install(); "
+              "data.open_shard(sys.argv[1])")
     for path, words in [(truncated, "truncated"), (foreign, "not a token shard")]:
         r = run("-c", script, path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr

@@ -13,9 +13,9 @@ import pytest
 from conftest import ROOT
 
 from gpt.data import find_dataset, list_shards, open_shard, write_shard
-from gpt.errors import UserError
-from gpt.loader import make_loader
-from gpt.trainlog import read_log
+from gpt.data.loader import make_loader
+from gpt.monitor.trainlog import read_log
+from gpt.runtime.errors import UserError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -212,7 +212,7 @@ RECIPE = dict(optimizer='muon', muon_lr=0.02, learning_rate=6e-3, qk_norm=True, 
 
 def test_two_ranks_train_what_one_process_does_on_random_windows(data_dir, tmp_path):
     # the speedrun on two GPUs once ended worse than on one at the same global batch. With the same
-    # micro-batches (train.bin's random windows are numbered over all ranks, gpt/loader.py), one process
+    # micro-batches (train.bin's random windows are numbered over all ranks, gpt/data/loader.py), one process
     # with 2 accumulation steps and two ranks with 1 each compute the same thing: DDP divides each rank's
     # gradient by 2 and sums, which in float32 is the single process's g1/2 + g2/2 (one addition, which
     # commutes), so Muon gets the same momentum and the weights come out equal; the logged losses are summed
@@ -277,7 +277,7 @@ def test_a_global_batch_the_ranks_cannot_share_is_one_line(data_dir, tmp_path):
 
 def test_one_micro_step_is_shared_by_two_ranks_as_the_same_training(data_dir, tmp_path):
     """nanoGPT's gradient_accumulation_steps=1 (shakespeare_char's) on two ranks: each takes half of the
-    micro-batch, the same windows as one process (gpt/loader.py), so the same training to rounding."""
+    micro-batch, the same windows as one process (gpt/data/loader.py), so the same training to rounding."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = [f"--data_dir={data_dir}", *flags(**{**DDP_TINY, "gradient_accumulation_steps": 1, "max_iters": 4,
                                                 "eval_interval": 4, "lr_decay_iters": 4})]

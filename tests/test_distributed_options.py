@@ -80,7 +80,7 @@ def test_static_graph_is_decided_from_the_model():
     reaches turns it off. The check draws no random numbers (dropout is on in training) and leaves .grad."""
     import torch
 
-    from gpt import distributed
+    from gpt.runtime import distributed
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=16, dropout=0.1))
     for p in model.parameters():
         p.grad = torch.ones_like(p)
@@ -118,7 +118,7 @@ def test_regional_compilation_compiles_one_block_for_all_and_matches_eager(one_t
     import torch
     from torch._dynamo.utils import counters
 
-    from gpt import distributed
+    from gpt.runtime import distributed
     from model import GPT, GPTConfig
     torch.manual_seed(0)
     eager = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=40, dropout=0.0, bias=False,
@@ -145,8 +145,8 @@ def test_regional_compilation_compiles_one_block_for_all_and_matches_eager(one_t
 def test_unknown_compile_scope_is_one_line():
     import torch
 
-    from gpt import distributed
-    from gpt.errors import UserError
+    from gpt.runtime import distributed
+    from gpt.runtime.errors import UserError
     with pytest.raises(UserError, match="unknown compile_scope 'layers': use model or blocks"):
         distributed.wrap(torch.nn.Linear(2, 2), "ddp", "cpu", 0, "float32", compile_scope="layers")
 
@@ -161,8 +161,8 @@ LAUNCH_ENV = dict(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0
 
 
 def test_a_launch_is_read_from_torchruns_variables_or_refused_in_one_line():
-    from gpt.distributed import launch
-    from gpt.errors import UserError
+    from gpt.runtime.distributed import launch
+    from gpt.runtime.errors import UserError
     assert launch({}, gpus=8) is None  # no RANK: one process
     assert launch(LAUNCH_ENV, gpus=2) == (1, 1, 2) and launch(LAUNCH_ENV, gpus=0) == (1, 1, 2)
     with pytest.raises(UserError, match="RANK is set, so this is a torchrun launch, but LOCAL_RANK, WORLD_SIZE, "

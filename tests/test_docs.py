@@ -1,14 +1,15 @@
 """
 The promise `python train.py --help` ends with: every setting is described in docs/configuration.md. The
 settings are read from the code as it is - train.py's globals between its first two `# ----` lines, and the
-sections it hands the configurator (GPTConfig.options(), gpt/muon.py's and gpt/distributed.py's OPTIONS) -
+sections it hands the configurator (GPTConfig.options(), gpt/optim/muon.py's and gpt/runtime/distributed.py's OPTIONS) -
 so a setting added anywhere without a line in the docs fails here.
 """
 import ast
 import os
 import re
 
-from gpt import distributed, muon
+from gpt.optim import muon
+from gpt.runtime import distributed
 from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -461,8 +461,8 @@ def test_wandb_without_key_is_refused_before_the_model_is_built(tmp_path):
 
 def test_check_wandb_accepts_a_key_offline_mode_or_a_netrc_login(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is not installed here (pip install wandb)")
-    from gpt.errors import UserError
-    from gpt.trainlog import check_wandb
+    from gpt.monitor.trainlog import check_wandb
+    from gpt.runtime.errors import UserError
     for k in [k for k in os.environ if k.startswith("WANDB_") or k == "NETRC"]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))

@@ -1,5 +1,5 @@
 """
-gpt/exportdir.py, through export.py: an export never overwrites a folder that holds anything but an earlier
+gpt/hf/exportdir.py, through export.py: an export never overwrites a folder that holds anything but an earlier
 export (--force=True replaces it), every export_dir problem is one error line before anything is written, and
 a failed export leaves what was there whole.
 """
@@ -12,8 +12,8 @@ import torch
 from conftest import run
 
 import export
-from gpt import exportdir
-from gpt.errors import UserError
+from gpt.hf import exportdir
+from gpt.runtime.errors import UserError
 from model import GPT, GPTConfig
 
 pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 SCRIPT = r"""
 import atexit, os, sys
 sys.path.insert(0, os.environ["ROOT"])
-from gpt import errors
+from gpt.runtime import errors
 errors.install()
 atexit.register(lambda: print("atexit ran"))
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "path0", sys.path[1] == os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""gpt/fused_qk.py: the Triton kernel for qk_norm and the rotary embedding computes what model.py's plain path
+"""gpt/kernels/fused_qk.py: the Triton kernel for qk_norm and the rotary embedding computes what model.py's plain path
 computes, forward and backward. On the CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
 before the kernels are defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this
 file under torch 2.11's), and the test skips where it is not installed. On a GPU the compiled kernels run
@@ -14,7 +14,7 @@ from model import GPT, GPTConfig
 COMPARE = r"""
 import torch, torch.nn.functional as F
 from model import rotary, apply_rotary
-from gpt.fused_qk import norm_and_rotate
+from gpt.kernels.fused_qk import norm_and_rotate
 torch.manual_seed(0)
 for (B, T, H, Hk, D), norm, rope in [((2, 5, 4, 2, 8), True, True), ((2, 5, 3, 3, 6), True, False),
                                      ((1, 7, 2, 2, 12), False, True), ((3, 1, 2, 1, 4), True, True)]:
@@ -56,7 +56,7 @@ def test_kernel_computes_the_plain_paths_values_and_gradients():
 
 
 def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
-    from gpt import hardware
+    from gpt.runtime import hardware
     rope = GPTConfig(n_layer=2, n_head=2, n_embd=32, pos_emb='rope')
     plain = GPTConfig(n_layer=2, n_head=2, n_embd=32)
     assert not hardware.can_fuse_qk(True, rope, 'cpu', compiled=False)

@@ -11,8 +11,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpt import generation, schedule
-from gpt.evaluation import draw_samples
+from gpt import generation
+from gpt.training import schedule
+from gpt.training.evaluation import draw_samples
 from model import GPT, GPTConfig
 
 # the model families, and gpt2 with the speedrun switches that change what the cache holds or how layers connect

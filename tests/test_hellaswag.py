@@ -14,9 +14,10 @@ import torch
 from conftest import run
 from torch.nn import functional as F
 
-from gpt import hardware, hellaswag
-from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer
+from gpt.data.tokenizer import Tokenizer
+from gpt.runtime import hardware
+from gpt.runtime.errors import UserError
+from gpt.training import hellaswag_eval as hellaswag
 from model import GPT, GPTConfig
 
 RESULT_RE = re.compile(r"^HellaSwag acc_norm: (\d\.\d{4})  acc: (\d\.\d{4})  \((\d+) examples\)$", re.M)

@@ -1,5 +1,5 @@
 """
-gpt/hf.py, the bridge to transformers, and export.py: a checkpoint becomes a transformers folder that loads
+gpt/hf/__init__.py, the bridge to transformers, and export.py: a checkpoint becomes a transformers folder that loads
 offline with AutoModelForCausalLM (GPT-2 or Llama), gives our logits and greedy tokens, carries a tokenizer
 that encodes as ours (characters, GPT-2 BPE, a dataset's own tokenizers BPE), and imports back
 (GPT.from_pretrained) with the same logits again. Every config field that changes the math is carried or
@@ -26,8 +26,8 @@ import export
 import hellaswag
 from gpt import hf
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint
-from gpt.errors import UserError
-from gpt.tokenizer import folder_meta, get_tokenizer
+from gpt.data.tokenizer import folder_meta, get_tokenizer
+from gpt.runtime.errors import UserError
 from model import ARCHITECTURE, GPT, INITIALISATION, RUNTIME, GPTConfig
 
 transformers = pytest.importorskip("transformers", reason="the bridge needs transformers: pip install transformers")
@@ -472,7 +472,7 @@ def test_batched_pipeline_pad_token_generation_limit_and_model_card(tmp_path):
 def test_own_bpe_tokenizer_is_exported_as_it_is(shakespeare_text_path, tmp_path):
     from transformers import AutoTokenizer
 
-    from gpt import tokenizer
+    from gpt.data import tokenizer
     with open(shakespeare_text_path) as f:
         text = f.read()[:50000]
     ours_tok, meta = tokenizer.dataset_tokenizer("train", tmp_path / "data", lambda: [text], 400)

@@ -11,7 +11,7 @@ import torch
 from conftest import log_rows, run
 
 from gpt.checkpoint import model_from_checkpoint
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 from model import GPT, NANOGPT_ARGS, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one thread for the models run here

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gpt.data import write_shard
-from gpt.errors import UserError
-from gpt.loader import SequentialShards
+from gpt.data.loader import SequentialShards
+from gpt.runtime.errors import UserError
 
 B, T, W = 2, 8, 2  # batch_size, block_size, world_size: one step is B*T*W = 32 tokens
 LENGTHS = [1000, 1337, 33, 517]  # 33 is exactly one step plus the extra target token
@@ -131,14 +131,14 @@ def test_uint16_shards(tmp_path):
 
 
 def windows(path, world_size, rank, n, micro_steps=1, batch=B, seed=3):
-    from gpt.loader import RandomWindows
+    from gpt.data.loader import RandomWindows
     loader = RandomWindows(str(path), batch, T, "cpu", "uint32", seed, rank, 0, None, world_size, micro_steps)
     return [loader.next_batch()[0] for _ in range(n)]
 
 
 def test_random_windows_are_the_same_global_batch_however_it_is_split(tmp_path):
     # one process with 2 micro-steps, two ranks with 1 each, four ranks with 1 of half the size: each step
-    # trains on the same windows (gpt/schedule.py's split_batch picks such splits for 1, 2, 4 GPUs)
+    # trains on the same windows (gpt/training/schedule.py's split_batch picks such splits for 1, 2, 4 GPUs)
     path = tmp_path / "train.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
     steps = 3
@@ -153,7 +153,7 @@ def test_random_windows_are_the_same_global_batch_however_it_is_split(tmp_path):
 
 
 def test_random_windows_resume_on_another_split(tmp_path):
-    from gpt.loader import RandomWindows
+    from gpt.data.loader import RandomWindows
     path = tmp_path / "train.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
     one = windows(path, 1, 0, 8, micro_steps=2)
@@ -174,7 +174,7 @@ def test_random_windows_resume_on_another_split(tmp_path):
 
 
 def test_a_resume_on_other_files_is_one_line_naming_both(tmp_path):
-    from gpt.loader import RandomWindows
+    from gpt.data.loader import RandomWindows
     np.arange(5000, dtype=np.uint32).tofile(tmp_path / "train.bin")
     windows = RandomWindows(str(tmp_path / "train.bin"), B, T, "cpu", "uint32")
     windows.next_batch()
@@ -204,7 +204,7 @@ def test_a_resume_on_other_files_is_one_line_naming_both(tmp_path):
 
 
 def test_the_data_is_the_one_checked_at_start(tmp_path):
-    from gpt.loader import RandomWindows
+    from gpt.data.loader import RandomWindows
     path = tmp_path / "train.bin"
     np.arange(5000, dtype=np.uint32).tofile(path)
     loader = RandomWindows(str(path), B, T, "cpu", "uint32", 3)
@@ -225,7 +225,7 @@ def test_the_data_is_the_one_checked_at_start(tmp_path):
 
 
 def test_token_files_of_the_other_width_are_refused(tmp_path):
-    from gpt.loader import check_split
+    from gpt.data.loader import check_split
     np.arange(1000, dtype=np.uint32).tofile(tmp_path / "train.bin")  # ids < 65536: each followed by a 0 as uint16
     with pytest.raises(UserError, match="looks like uint32 tokens read as uint16"):
         check_split(str(tmp_path), "train", T, 1000, "uint16", "prepare")
@@ -237,7 +237,7 @@ def test_token_files_of_the_other_width_are_refused(tmp_path):
 
 
 def test_a_damaged_data_position_is_one_line(tmp_path):
-    from gpt.loader import RandomWindows
+    from gpt.data.loader import RandomWindows
     np.arange(5000, dtype=np.uint32).tofile(tmp_path / "train.bin")
     windows = RandomWindows(str(tmp_path / "train.bin"), B, T, "cpu", "uint32")
     (shards,) = loaders(make_shards(tmp_path, [100, 500]), world_size=1)

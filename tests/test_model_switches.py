@@ -13,8 +13,8 @@ from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data
 
 from gpt import optim
 from gpt.checkpoint import model_from_checkpoint
-from gpt.errors import UserError
 from gpt.hf import to_hf
+from gpt.runtime.errors import UserError
 from model import GPT, GPTConfig
 
 V, T = 64, 16

@@ -1,5 +1,5 @@
 """
-gpt/muon.py: Muon for the blocks' matrices, AdamW for the rest, as one optimizer. Its step against a plain
+gpt/optim/muon.py: Muon for the blocks' matrices, AdamW for the rest, as one optimizer. Its step against a plain
 reference (one matrix at a time, float64 Newton-Schulz, torch's AdamW), its state through a checkpoint, a
 skipped (non-finite) step, the CUDA-graph step (FakeGraph on the CPU), and train.py resuming exactly.
 """
@@ -17,10 +17,12 @@ from conftest import ROOT, run
 from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 from test_stepgraph import B, Scaled, T, V, batches, fake_capture, graph_step, plain_step
 
-from gpt import muon, optim, stepgraph
+from gpt import optim
 from gpt.checkpoint import portable
-from gpt.errors import UserError
-from gpt.step import set_lr
+from gpt.optim import muon
+from gpt.runtime.errors import UserError
+from gpt.training import stepgraph
+from gpt.training.step import set_lr
 from model import GPT, GPTConfig
 
 
@@ -233,7 +235,7 @@ def test_state_round_trips_through_a_checkpoint():
     f = io.BytesIO()
     torch.save({'model': half.state_dict(), 'optimizer': portable(half_opt.state_dict())}, f)
     f.seek(0)
-    ckpt = torch.load(f, weights_only=True)  # as gpt/checkpoint.py reads it
+    ckpt = torch.load(f, weights_only=True)  # as gpt/checkpoint/__init__.py reads it
     resumed = tiny(seed=1, qk_norm=True)
     resumed.load_state_dict(ckpt['model'])
     resumed_opt = make_opt(resumed)  # other settings: the checkpoint's win, as with AdamW
@@ -371,7 +373,7 @@ import sys
 import torch
 import torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
-from gpt import muon
+from gpt.optim import muon
 from model import GPT, GPTConfig
 dist.init_process_group("gloo")
 rank = dist.get_rank()

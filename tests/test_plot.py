@@ -9,7 +9,7 @@ import pytest
 from conftest import run
 
 import plot
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 
 def write_log(out_dir, hellaswag=False):

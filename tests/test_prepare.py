@@ -18,8 +18,8 @@ import pytest
 from conftest import ROOT, SHARED, run
 
 from gpt.data import TINY_SHAKESPEARE_URL, open_shard, open_tokens, read_meta, tiny_shakespeare
-from gpt.errors import UserError
-from gpt.tokenizer import get_tokenizer
+from gpt.data.tokenizer import get_tokenizer
+from gpt.runtime.errors import UserError
 
 # the texts prepared: the generated corpus always; tinyshakespeare too where the shared data folder has it,
 # with the split sizes nanoGPT's readme gives (characters, GPT-2 tokens)
@@ -210,7 +210,7 @@ def test_a_dataset_dicts_validation_split_is_val(tmp_path, gpt2_ranks_path):
     import datasets
 
     from gpt.data import load_documents
-    from gpt.tokenizer import gpt2_encoding
+    from gpt.data.tokenizer import gpt2_encoding
     dd = datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": DOCS[:30]}),
                               validation=datasets.Dataset.from_dict({"text": DOCS[30:]}))
     dd.save_to_disk(str(tmp_path / "saved"))

@@ -1,5 +1,5 @@
 """
-What a resumed run may change: gpt/plan.py's table (RESUME_REFUSED, RESUME_TRAINING, RESUME_RUN, and the
+What a resumed run may change: gpt/config/plan.py's table (RESUME_REFUSED, RESUME_TRAINING, RESUME_RUN, and the
 model's fields by their kind) holds every train.py setting once. From it, a resume with each setting changed:
 a refused one is one error line; a training one changes the next steps (their learning rate, loss or gradient
 norm), so the value the plan records is the one that trains, never one a checkpoint's optimizer state
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, flags, log_rows, tiny, train_settings, write_ids_dataset
 
-from gpt import errors, plan
+from gpt.config import plan
+from gpt.runtime import errors
 from model import ARCHITECTURE, INITIALISATION, GPTConfig
 
 START, STEPS = 4, 2  # the first run saves at step 4; each resume trains steps 4 and 5

@@ -18,10 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from conftest import write_ids_dataset
 
-from gpt import rundir  # noqa: E402
-from gpt.errors import UserError  # noqa: E402
+from gpt.checkpoint import rundir  # noqa: E402
+from gpt.runtime.errors import UserError  # noqa: E402
 
-HOLDER = "import sys, time; sys.path.insert(0, sys.argv[1]); from gpt import rundir; " \
+HOLDER = "import sys, time; sys.path.insert(0, sys.argv[1]); from gpt.checkpoint import rundir; " \
          "rundir.claim(sys.argv[2], fresh=False); print('held', flush=True); time.sleep(120)"
 TINY = ["--device=cpu", "--compile=False", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16",
         "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=1", "--eval_interval=2",
@@ -162,7 +162,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_the_disk_as_it_found_it(t
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no empty folders left behind
 
 
-FAILING = "import sys; sys.path.insert(0, sys.argv[1]); from gpt import errors; errors.install(); " \
+FAILING = "import sys; sys.path.insert(0, sys.argv[1]); from gpt.runtime import errors; errors.install(); " \
           "errors.on_failure(lambda: print('undone', flush=True)); errors.on_failure(lambda: 1 / 0); " \
           "raise errors.UserError('it failed')"
 

@@ -9,10 +9,10 @@ import re
 import pytest
 from conftest import flags, log_rows, run, tiny
 
-from gpt import schedule
 from gpt.checkpoint import load_checkpoint
 from gpt.data import write_meta, write_tokens
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
+from gpt.training import schedule
 
 # the schedule's own settings (warmup, decay) are each test's
 TINY = {k: v for k, v in tiny(n_layer=1, n_embd=16, block_size=16, eval_interval=100, learning_rate=1e-2,

@@ -1,9 +1,9 @@
 """
 Settings the user gave that the run's other settings make do nothing: named in a note line each
-(gpt/settings.py's inert and inert_sample), never accepted in silence.
+(gpt/config/settings.py's inert and inert_sample), never accepted in silence.
 """
 import configurator
-from gpt.settings import inert, inert_sample
+from gpt.config.settings import inert, inert_sample
 
 
 def test_settings_given_that_do_nothing_are_named():

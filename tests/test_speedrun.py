@@ -1,5 +1,5 @@
 """
-The speedrun comparison's pieces on the CPU: gpt/evaluation.py's whole-split loss against a direct
+The speedrun comparison's pieces on the CPU: gpt/training/evaluation.py's whole-split loss against a direct
 computation, scripts/speedrun.py's timestamped runner, log parsing, table and plot, and the recipe
 (config/speedrun_gcide.py) training a tiny model through train.py with its checkpoint scored.
 """
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import ROOT
 from test_checkpoint import data_dir, train  # noqa: F401 (data_dir is a fixture)
 
-from gpt.evaluation import full_split_loss
+from gpt.training.evaluation import full_split_loss
 from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -1,5 +1,5 @@
 """
-What makes train.py start sooner must not change the run (gpt/plan.py's init_model): a new model's weights
+What makes train.py start sooner must not change the run (gpt/config/plan.py's init_model): a new model's weights
 for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) with init_device='cpu', and on a CPU
 with the default init_device='device', which builds the model on the run's device; a bad init_device is one
 error line; a run that does not compile never imports torch._dynamo.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import flags, log_rows, run, tiny
 
-from gpt import plan
+from gpt.config import plan
 from model import GPT, GPTConfig
 
 # the speedrun's switches, at a tiny size
@@ -23,8 +23,8 @@ def test_a_new_models_weights_are_nanogpts_for_its_seed():
     bitwise, and the random state outside the build is left as it was."""
     code = textwrap.dedent(f"""
         import torch
-        from gpt import plan
-        from gpt.plan import Source
+        from gpt.config import plan
+        from gpt.config.plan import Source
         from model import GPT, GPTConfig
         model_config = GPTConfig(**{SHAPE!r}).__dict__
         from types import SimpleNamespace
@@ -95,7 +95,7 @@ print("torch._dynamo imported:", "torch._dynamo" in sys.modules)
 @pytest.mark.parametrize("optimizer", [{}, dict(optimizer='muon')], ids=["adamw", "muon"])
 def test_a_run_that_does_not_compile_never_imports_torch_dynamo(tmp_path, shakespeare_text_path, optimizer):
     """torch.optim imports torch._dynamo at an optimizer's first add_param_group and step, seconds of a run's
-    start-up on a fresh GPU machine; gpt/optim.py's optimizers do not, nor does anything else a run without
+    start-up on a fresh GPU machine; gpt/optim/__init__.py's optimizers do not, nor does anything else a run without
     compile does: training, evaluation, checkpoints, a resume."""
     from conftest import ROOT, write_char_dataset
     data = write_char_dataset(tmp_path / 'data', shakespeare_text_path, chars=20000)
@@ -112,7 +112,8 @@ def test_a_run_that_does_not_compile_never_imports_torch_dynamo(tmp_path, shakes
 BROADCAST = """
 import os, sys, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
-from gpt import distributed, plan
+from gpt.runtime import distributed
+from gpt.config import plan
 dist.init_process_group("gloo")
 model = plan.init_model({shape!r}, seed=100 + dist.get_rank())  # as if each rank's GPU drew other weights
 distributed.broadcast_weights(model)
@@ -155,7 +156,7 @@ def test_a_run_says_where_its_start_up_went(tmp_path, shakespeare_text_path):
 
 def test_cudnn_attention_false_keeps_attention_off_cudnns_kernel():
     """The setting is torch's switch: off, F.scaled_dot_product_attention may not pick cuDNN's kernel."""
-    from gpt import hardware
+    from gpt.runtime import hardware
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         hardware.attention_kernels(cudnn=False)
@@ -172,7 +173,7 @@ def test_without_cudnn_attention_a_gpu_runs_flash_attention_to_the_same_loss():
     no cuDNN one, and the loss is the default's to bf16 rounding."""
     from torch.profiler import ProfilerActivity, profile
 
-    from gpt import hardware
+    from gpt.runtime import hardware
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=128, block_size=256, bias=False, vocab_size=256)).cuda()
     x = torch.randint(0, 256, (4, 256), device='cuda')

@@ -1,5 +1,5 @@
 """
-gpt/stepgraph.py: the training step replayed from a CUDA graph. On the CPU the step runs eagerly, and the
+gpt/training/stepgraph.py: the training step replayed from a CUDA graph. On the CPU the step runs eagerly, and the
 FakeGraph of test_generation.py stands in for the graph: it records the step's ops on their tensors and reruns
 them, as a graph reruns its kernels on the same addresses, so a step that read a value back to the CPU,
 baked in a Python number (the learning rate) or relied on zero_grad between steps fails here. Both must
@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 from test_generation import FakeGraph
 
-from gpt import step, stepgraph
 from gpt.checkpoint import portable
+from gpt.training import step, stepgraph
 from model import GPT, GPTConfig
 
 B, T, V = 4, 16, 64

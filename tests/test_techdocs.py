@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, run
 
 from gpt.data import find_dataset, open_tokens
-from gpt.loader import make_loader
-from gpt.tokenizer import gpt2_encoding
+from gpt.data.loader import make_loader
+from gpt.data.tokenizer import gpt2_encoding
 
 PREPARE = os.path.join(ROOT, "data", "techdocs", "prepare.py")
 spec = importlib.util.spec_from_file_location("techdocs_prepare", PREPARE)

@@ -15,11 +15,11 @@ import tiktoken
 import torch
 from conftest import flags, run, tiny
 
-from gpt import hellaswag
 from gpt.checkpoint import load_model
 from gpt.data import open_tokens, read_meta
-from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer, char_meta, folder_meta, get_tokenizer, gpt2_encoding
+from gpt.data.tokenizer import Tokenizer, char_meta, folder_meta, get_tokenizer, gpt2_encoding
+from gpt.runtime.errors import UserError
+from gpt.training import hellaswag_eval as hellaswag
 
 VOCAB = 512
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 from gpt.data import write_meta, write_tokens
-from gpt.trainlog import read_log, step_line
+from gpt.monitor.trainlog import read_log, step_line
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
             eval_interval=100, eval_iters=2, log_interval=1, learning_rate=1e-2, min_lr=1e-3, dropout=0.0,
@@ -46,7 +46,7 @@ def test_step_line_reads_like_build_nanogpt():
 
 
 def test_total_batch_size_and_wsd_in_a_run(data_dir, tmp_path):
-    from gpt.schedule import get_lr
+    from gpt.training.schedule import get_lr
     r = train(data_dir, tmp_path / "out", total_batch_size=128, lr_schedule="wsd", lr_decay_frac=0.5,
               max_iters=6, warmup_iters=1)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -123,7 +123,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(data_dir, tmp_path):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP (Windows)")
 def test_a_second_hangup_is_no_second_request_and_nohup_is_kept(capsys):
-    from gpt.preemption import StopRequest
+    from gpt.runtime.signals import StopRequest
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a command

@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import ROOT
 
-from gpt import evaluation, hardware
 from gpt.data import write_meta, write_tokens
+from gpt.runtime import hardware
+from gpt.training import evaluation
 
 
 class Terminal(io.StringIO):
@@ -24,7 +25,7 @@ class Terminal(io.StringIO):
 def test_bpe_training_shows_progress_on_a_terminal_only(monkeypatch):
     from tokenizers import trainers
 
-    from gpt.tokenizer import train_bpe
+    from gpt.data.tokenizer import train_bpe
     shown = []
     real = trainers.BpeTrainer
     monkeypatch.setattr(trainers, "BpeTrainer", lambda **kw: shown.append(kw["show_progress"]) or real(**kw))
@@ -73,7 +74,7 @@ def test_a_run_too_slow_for_its_device_warns_once(tmp_path, monkeypatch):
     write_tokens(d / "val.bin", [i % 16 for i in range(600)])
     write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")})
     # a tiny run made "too slow" by a threshold of 0 seconds: the warning comes once, after the first step
-    r = subprocess.run([sys.executable, "-c", "import gpt.hardware as h; h.SLOW_RUN_SECONDS = 0; "
+    r = subprocess.run([sys.executable, "-c", "import gpt.runtime.hardware as h; h.SLOW_RUN_SECONDS = 0; "
                         "import runpy, sys; sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', "
                         "run_name='__main__')",
                         f"--data_dir={d}", f"--out_dir={tmp_path / 'out'}", "--n_layer=1", "--n_head=2",

@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import flags, run, tiny, write_char_dataset
 
-from gpt.errors import UserError
-from gpt.trainlog import TrainLog, read_log
+from gpt.monitor.trainlog import TrainLog, read_log
+from gpt.runtime.errors import UserError
 
 TINY = tiny(eval_interval=3, dataset="chars", wandb_log=True, wandb_project="nanogpt-test", wandb_run_name="tiny",
             hellaswag_interval=3, sample_interval=3, num_samples_train=2, sample_max_tokens=4, sample_prompt="ROMEO:")

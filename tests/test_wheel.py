@@ -19,7 +19,7 @@ import numpy as np, torch
 import gpt, model
 from gpt import checkpoint
 from gpt.data import find_dataset, write_meta, write_tokens
-from gpt.loader import make_loader
+from gpt.data.loader import make_loader
 site = sys.argv[1]
 assert gpt.__file__.startswith(site) and model.__file__.startswith(site), (gpt.__file__, model.__file__)
 ids = np.arange(3000) % 16
@@ -73,7 +73,7 @@ def wheel(tmp_path_factory):
 
 def test_wheel_holds_the_package_and_the_modules_it_imports(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"model.py", "configurator.py", "gpt/__init__.py", "gpt/checkpoint.py"} <= set(names)
+    assert {"model.py", "configurator.py", "gpt/__init__.py", "gpt/checkpoint/__init__.py"} <= set(names)
     assert any(n.startswith("gpt/dashboard_static/") for n in names)  # the page's chart library
     assert "train.py" not in names  # the scripts stay in the checkout
 

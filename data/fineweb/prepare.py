@@ -23,10 +23,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt import errors
 from gpt.data import import_datasets, load_documents, make_out_dir, open_shard, read_meta, write_meta, write_shard
-from gpt.errors import UserError
-from gpt.tokenizer import gpt2_encoding
+from gpt.data.tokenizer import gpt2_encoding
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 
 def tokenize(text):

@@ -16,11 +16,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt import errors
-from gpt.atomic import atomic_path
 from gpt.data import DTYPES, import_datasets, load_documents, make_out_dir, write_meta
-from gpt.errors import UserError
-from gpt.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
+from gpt.data.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_path
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,10 +9,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt import errors
 from gpt.data import make_out_dir, tiny_shakespeare, write_meta, write_tokens
-from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer, char_meta
+from gpt.data.tokenizer import Tokenizer, char_meta
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -28,11 +28,11 @@ import tempfile
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt import errors
-from gpt.atomic import atomic_write
 from gpt.data import make_out_dir, write_meta, write_tokens
-from gpt.errors import UserError
-from gpt.tokenizer import GPT2_EOT, dataset_tokenizer, gpt2_encoding
+from gpt.data.tokenizer import GPT2_EOT, dataset_tokenizer, gpt2_encoding
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT_NAME = "techdocs.txt.gz"

@@ -20,10 +20,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt import errors
 from gpt.data import COMPRESSED, dataset_dir, make_out_dir, read_text, write_meta, write_tokens
-from gpt.errors import UserError
-from gpt.tokenizer import Tokenizer, char_meta, dataset_tokenizer
+from gpt.data.tokenizer import Tokenizer, char_meta, dataset_tokenizer
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
 TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")

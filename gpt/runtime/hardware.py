@@ -8,7 +8,7 @@ from contextlib import nullcontext
 
 import torch
 
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
@@ -124,7 +124,7 @@ def maybe_compile(model, compile, device_type, **options):
 
 
 def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
-    """Whether model.py's attention runs qk_norm and the rotary embedding as gpt/fused_qk.py's Triton kernel:
+    """Whether model.py's attention runs qk_norm and the rotary embedding as gpt/kernels/fused_qk.py's Triton kernel:
     asked for, and able to work here (else, verbose, say why not: the plain path computes the same).
     model: the run's GPTConfig."""
     problem = fused_qk and (

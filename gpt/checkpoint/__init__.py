@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gpt import rundir
-from gpt.atomic import atomic_write
+from gpt.checkpoint import rundir
 from gpt.data import dataset_dir, read_meta
-from gpt.errors import UserError
 from gpt.optim import load_state
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 from model import GPT, GPTConfig
 
 DCP_DIR = "ckpt_dcp"  # a sharded checkpoint (parallelism=fsdp): every rank writes its part
@@ -98,7 +98,7 @@ def gather_rng_states():
 class Saver:
     """What a run knows of its own checkpoints, held by train.py (one per process): the last good checkpoint,
     whether the weights are judged broken since the last evaluation, why the last save failed, and whose
-    out_dir it is (claim: gpt/rundir.py's Claim on rank 0, checked before every save; None elsewhere).
+    out_dir it is (claim: gpt/checkpoint/rundir.py's Claim on rank 0, checked before every save; None elsewhere).
     Commands change it: record_eval, save. Queries do not: to_save, last_good, check_end.
     resumed: the checkpoint the run resumes from (load_for_resume's), or None."""
 
@@ -279,7 +279,7 @@ def load_checkpoint(path):
 
 def where_else(path):
     """The advice for a missing checkpoint: the newest earlier run's, kept aside by a new run into its folder
-    (gpt/rundir.py), or how to get one."""
+    (gpt/checkpoint/rundir.py), or how to get one."""
     folder = os.path.dirname(path) or "."
     earlier = rundir.earlier_runs(folder)
     if not earlier:

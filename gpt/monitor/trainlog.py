@@ -1,13 +1,13 @@
 """
 The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes. A new
-run never appends to an earlier run's log: gpt/rundir.py moves that one aside before the run starts.
+run never appends to an earlier run's log: gpt/checkpoint/rundir.py moves that one aside before the run starts.
 
 Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval steps), with stable keys:
     step, tokens, time (seconds since the run's first launch), kind,
     train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
 and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
-first writes a row of kind "plan": the run plan (gpt/plan.py's RunPlan.record()), as its checkpoints record it,
+first writes a row of kind "plan": the run plan (gpt/config/plan.py's RunPlan.record()), as its checkpoints record it,
 and, as its first step starts, one of kind "startup": where the time from launch went (seconds per part).
 Values that do not apply are null. The "end" row also has best_val_loss, checkpoint (its path) and
 next_command (what to type next), null where the run has none. The checkpoint records the log's length in
@@ -15,7 +15,7 @@ bytes, so a resumed run first drops the rows written after that checkpoint: afte
 the "end" row, dropped quietly; training steps logged after the checkpoint (a crash, a kill -9) run again,
 and the run says which.
 
-The log is never written through a link: opened with O_NOFOLLOW (gpt/rundir.py refuses a link there before
+The log is never written through a link: opened with O_NOFOLLOW (gpt/checkpoint/rundir.py refuses a link there before
 the run starts; this holds for one made since), and a log that is one of several names of a file (a hard
 link, from `cp -al` of a run folder) is first copied to a file of this run's own, so the other name keeps
 what it had rather than being cut back or appended to.
@@ -29,8 +29,8 @@ import shutil
 import stat
 import time
 
-from gpt.atomic import atomic_write
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 
 LOG_NAME = "log.jsonl"
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)

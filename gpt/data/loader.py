@@ -1,11 +1,11 @@
 """
-Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data.py).
+Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data/__init__.py).
 
 RandomWindows is nanoGPT's sampler: each micro-batch is windows of block_size+1 tokens at random offsets.
 The offsets of optimizer step k's whole global batch (all ranks' micro-batches together) come from one random
 generator seeded with (seed, stream, 0, k); rank r's micro-step j takes its run of them, the
 (r * micro_steps + j)-th micro_batch. So a step reads the same windows however the global batch is split:
-one GPU with 2 micro-steps of 32, two GPUs with 1 of 32 each, four with 1 of 16 (gpt/schedule.py's
+one GPU with 2 micro-steps of 32, two GPUs with 1 of 32 each, four with 1 of 16 (gpt/training/schedule.py's
 split_batch) train on the same global batch, the same curve up to the order of the sums, not merely a
 statistically equal one. The sampler's whole state is the number of micro-batches a rank has drawn (at a
 checkpoint, a whole number of steps), with the split it counted in: a plain int in the checkpoint, and a
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from gpt.data import list_shards, open_shard, open_tokens
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 
 def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 MARKER = "nanogpt_export.json"
 HASHED_UP_TO = 64 << 20  # bytes: larger files (the weights) are recognised by their size, not read again

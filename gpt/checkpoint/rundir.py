@@ -28,7 +28,7 @@ The run's folder, out_dir: writable, held by one run at a time, and never shared
   opened with O_NOFOLLOW in case one appears after the check. out_dir itself may be a link (out ->
   /scratch/run): that is where the user put the folder. A hard-linked run.lock (the folder copied with
   `cp -al`) is replaced by a file of this run's own, so the copy's is left as it was; the log does the same
-  (gpt/trainlog.py), and checkpoints are written to new files and renamed (gpt/atomic.py), which never
+  (gpt/monitor/trainlog.py), and checkpoints are written to new files and renamed (gpt/runtime/files.py), which never
   touches another name's file.
 """
 import atexit
@@ -40,7 +40,8 @@ import socket
 import tempfile
 import uuid
 
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import nearest_existing
 
 try:
     import fcntl
@@ -96,14 +97,6 @@ def check_no_links(out_dir):
         them = "it (what it points to" if len(links) == 1 else "them (what they point to"
         raise UserError(f"{named}: a run writes its own files in out_dir, never through a link; remove {them} "
                         f"stays as it is), or, to keep the run's files elsewhere, make out_dir itself the link")
-
-
-def nearest_existing(path):
-    """path, or the nearest folder above it that exists."""
-    path = os.path.abspath(path) if not os.path.lexists(path) else path
-    while not os.path.lexists(path):
-        path = os.path.dirname(path)
-    return path
 
 
 def in_use(out_dir, holder):

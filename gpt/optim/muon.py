@@ -1,7 +1,7 @@
 """
 Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
 biases), as one torch optimizer: train.py sets its learning rate, clips, steps, saves and resumes it as it
-does AdamW, and the CUDA graph of gpt/stepgraph.py captures it.
+does AdamW, and the CUDA graph of gpt/training/stepgraph.py captures it.
 
 Muon (MomentUm Orthogonalized by Newton-Schulz; K. Jordan et al. 2024, kellerjordan.github.io/posts/muon,
 the optimizer of the modded-nanogpt speedrun): keep a momentum of each matrix's gradient, replace it by the
@@ -26,7 +26,7 @@ all launched before any is waited for) hands every rank the whole stack. Each ra
 update, so the weights stay the same everywhere. It saves (world_size - 1) / world_size of the iteration
 for one all-gather of the updates (bf16: half the bytes of the gradients' all-reduce). Its results equal
 the unshared iteration's up to the batched matmul's rounding (tests/test_muon.py, two gloo ranks). One
-process (and muon_shard=False) keeps the unshared path as it was. The CUDA graph (gpt/stepgraph.py) is one
+process (and muon_shard=False) keeps the unshared path as it was. The CUDA graph (gpt/training/stepgraph.py) is one
 GPU only, so a captured step never meets the collective.
 FSDP shards the matrices themselves, so that Muon would need to gather them: refused (see configure()).
 """
@@ -35,8 +35,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from gpt.adamw import AdamW, WithoutDynamo
-from gpt.errors import UserError
+from gpt.optim.adamw import AdamW, WithoutDynamo
+from gpt.runtime.errors import UserError
 
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -79,7 +79,7 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
 
 class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
     """Param groups with 'muon': True take Muon steps; the others are handed to torch's AdamW (fused on
-    CUDA; gpt/optim.py's, which like this class never imports torch._dynamo), which shares this optimizer's
+    CUDA; gpt/optim/__init__.py's, which like this class never imports torch._dynamo), which shares this optimizer's
     groups and state, so state_dict() and load_state_dict() hold both.
 
     A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
@@ -114,7 +114,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         assert closure is None, "MuonAdamW takes no closure"
-        # the CUDA graph's non-finite flag (gpt/stepgraph.py): 1 skips the whole update, on the GPU
+        # the CUDA graph's non-finite flag (gpt/training/stepgraph.py): 1 skips the whole update, on the GPU
         found_inf = getattr(self, 'found_inf', None)
         self._adamw.found_inf = found_inf
         self._adamw.step()
@@ -221,10 +221,10 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
               momentum, device_type, shard=True, scalars=(), scalar_lr=0.0):
-    """The optimizer of optimizer='muon' (gpt/optim.py's build). muon_params: [(weight, splits or None)], the
+    """The optimizer of optimizer='muon' (gpt/optim/__init__.py's build). muon_params: [(weight, splits or None)], the
     blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not).
     With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
-    rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/step.py's set_lr);
+    rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/training/step.py's set_lr);
     with 0 they train in the 1-D group, at learning_rate."""
     if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
         raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "

@@ -2,15 +2,15 @@
 The optimizers: train.py's `optimizer` setting names one (AdamW, or Muon for the blocks' matrices and AdamW
 for the rest), check() refuses a name or a combination that cannot work, build() makes it and load_state()
 resumes it under this run's settings. Both are torch optimizers started without torch._dynamo
-(gpt/adamw.py).
+(gpt/optim/adamw.py).
 """
-from gpt import muon
-from gpt.errors import UserError
+from gpt.optim import muon
+from gpt.runtime.errors import UserError
 
 # train.py's `optimizer` setting: what trains the weights
 OPTIMIZERS = {
     'adamw': "AdamW for every parameter (nanoGPT's)",
-    'muon': "Muon for the transformer blocks' matrices, AdamW for the rest (gpt/muon.py)",
+    'muon': "Muon for the transformer blocks' matrices, AdamW for the rest (gpt/optim/muon.py)",
 }
 
 
@@ -27,7 +27,7 @@ def check(name, parallelism):
 def build(model, chosen, device_type):
     """The optimizer of the model's trainable parameters that `chosen` (the run plan's: name, learning_rate,
     betas, weight_decay, and Muon's settings) names. AdamW: matrices and embeddings decay, biases and norm
-    gains do not (model.configure_optimizers, nanoGPT's). Muon: gpt/muon.py's MuonAdamW."""
+    gains do not (model.configure_optimizers, nanoGPT's). Muon: gpt/optim/muon.py's MuonAdamW."""
     lr, wd, betas = chosen['learning_rate'], chosen['weight_decay'], tuple(chosen['betas'])
     if chosen['name'] == 'adamw':
         return model.configure_optimizers(wd, lr, betas, device_type)

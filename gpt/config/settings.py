@@ -5,8 +5,8 @@ them right after the configurator, so each is one `error:` line before any work.
 """
 import os
 
-from gpt.errors import UserError
-from gpt.schedule import check_decay
+from gpt.runtime.errors import UserError
+from gpt.training.schedule import check_decay
 
 NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)")  # top-p sampling
 POSITIVE = (lambda v: v > 0, "positive")
@@ -78,7 +78,7 @@ def check_train(c):
             ('num_samples_train', *POSITIVE), ('sample_max_tokens', *POSITIVE),
             ('sample_top_p', *NUCLEUS), ('dashboard_port', *PORT), ('dist_timeout_minutes', *POSITIVE),
             *MUON, ('ddp_bucket_mb', *POSITIVE), ('seed', *SEED),
-            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/distributed.py)"),
+            ('compile_scope', lambda v: v in ('model', 'blocks'), "'model' or 'blocks' (gpt/runtime/distributed.py)"),
             ('init_device', lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' "
                                                             "(drawn on the run's device: faster on a GPU, other "
                                                             "weights for the seed)")], c)

@@ -21,8 +21,8 @@ import types
 import torch
 from tqdm import tqdm
 
-from gpt.errors import UserError
-from gpt.tokenizer import GPT2_EOT, gpt2_encoding
+from gpt.data.tokenizer import GPT2_EOT, gpt2_encoding
+from gpt.runtime.errors import UserError
 
 # GPT-2 stores these as Conv1D weights, the transpose of a Linear's
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -5,7 +5,7 @@ How the model is spread over the processes torchrun starts: joining the process 
   (DistributedDataParallel), and only on the last micro-step of gradient accumulation.
 - 'fsdp': FSDP2 (torch.distributed.fsdp.fully_shard) shards parameters, gradients and optimizer state over
   the GPUs, each transformer block gathered only while it computes; for models whose weights, gradients
-  and AdamW state do not fit one GPU. Its sharded checkpoints are gpt/checkpoint.py's.
+  and AdamW state do not fit one GPU. Its sharded checkpoints are gpt/checkpoint/__init__.py's.
 """
 import gc
 import os
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.errors import TORCHRUN_VARIABLES, UserError
+from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 
 # train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, with their defaults (the
 # configurator sets them like train.py's own; docs/scaling.md measures them)

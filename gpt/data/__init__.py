@@ -24,14 +24,13 @@ import pickle
 
 import numpy as np
 
-from gpt.atomic import atomic_write
-from gpt.errors import UserError
-from gpt.rundir import nearest_existing
-from gpt.tokenizer import hf_meta
+from gpt.data.tokenizer import hf_meta
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write, nearest_existing
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder of train.py and data/
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder of train.py and data/
 
 
 def write_tokens(path, ids, dtype="uint16"):
@@ -137,7 +136,7 @@ def nanogpt_char_meta(meta, path):
     return out
 
 
-TOKENIZERS = ("char", "gpt2", "hf")  # what meta.json's "tokenizer" may say (gpt/tokenizer.py reads each)
+TOKENIZERS = ("char", "gpt2", "hf")  # what meta.json's "tokenizer" may say (gpt/data/tokenizer.py reads each)
 GPT2_VOCAB = 50257  # GPT-2 BPE's tokens, <|endoftext|> included
 
 

@@ -24,9 +24,13 @@ from types import MappingProxyType
 
 import torch
 
-from gpt import distributed, hardware, optim, rundir, schedule, settings, stepgraph
+from gpt import optim
+from gpt.checkpoint import rundir
+from gpt.config import settings
 from gpt.data import dataset_label, find_dataset
-from gpt.errors import UserError
+from gpt.runtime import distributed, hardware
+from gpt.runtime.errors import UserError
+from gpt.training import schedule, stepgraph
 from model import ARCHITECTURE, INITIALISATION, RUNTIME, GPTConfig
 
 # OpenAI's GPT-2 checkpoints on the hub (their config.json), so that a plan needs no download
@@ -113,7 +117,7 @@ class RunPlan:
     compile_scope: str  # 'model' or 'blocks' (fsdp: always blocks)
     cuda_graph: bool
     parallelism: str  # 'ddp' or 'fsdp' under torchrun; 'none' for one process
-    optimizer: MappingProxyType  # name and hyperparameters (gpt/optim.py builds it)
+    optimizer: MappingProxyType  # name and hyperparameters (gpt/optim/__init__.py builds it)
     out_dir: str
     writes: bool  # False with eval_only: nothing is written to out_dir
     earlier_run: tuple  # a new run's out_dir holds these files of an earlier run: they are moved aside
@@ -151,7 +155,7 @@ def make(config):
     check that can fail runs here; nothing is written, joined or downloaded."""
     settings.check_train(config)
     if config['wandb_log']:
-        from gpt.trainlog import check_wandb
+        from gpt.monitor.trainlog import check_wandb
         check_wandb()  # installed, and a key or offline mode
     device = hardware.resolve_device(config['device'])
     cuda = device.split(':')[0] == 'cuda'
@@ -174,7 +178,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     """make()'s decisions, from what it found: src (source()'s answer), meta (the dataset's metadata; None:
     GPT-2 BPE, nanoGPT's default), the processes, this one's device and the dtype. verbose: print how settings
     in tokens became counts (total_batch_size, max_tokens, ...) and what is off here (compile, cuda_graph)."""
-    from gpt.tokenizer import check_data_for_model
+    from gpt.data.tokenizer import check_data_for_model
     given = getattr(config, 'given', frozenset())
     device_type = device.split(':')[0]
     model = model_config(config, given, src, meta)
@@ -266,7 +270,7 @@ def optimizer_settings(config, given, parallelism):
 def check_prompt(prompt, meta, vocab_size):
     """sample_prompt must encode in the dataset's tokenizer, into ids the model has: now, not at the first
     sample, after hours of training."""
-    from gpt.tokenizer import get_tokenizer
+    from gpt.data.tokenizer import get_tokenizer
     try:
         ids = get_tokenizer(dict(meta) if meta else None).encode(prompt)
     except (KeyError, ValueError, UserError) as e:

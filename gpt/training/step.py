@@ -1,5 +1,5 @@
 """
-The training step: one function, which train.py and bench.py call and the CUDA graph of gpt/stepgraph.py
+The training step: one function, which train.py and bench.py call and the CUDA graph of gpt/training/stepgraph.py
 captures. A change to the step (an auxiliary loss, another clipping) is made here once and runs in every one
 of them.
 
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from gpt import distributed
+from gpt.runtime import distributed
 
 
 def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
@@ -54,14 +54,14 @@ def update(optimizer, scaler, grad_norm):
 
 def is_fused(optimizer):
     """Whether every AdamW group of the optimizer runs the fused kernel, which reads found_inf (Muon's groups,
-    gpt/muon.py, read it themselves)."""
+    gpt/optim/muon.py, read it themselves)."""
     groups = [g for g in optimizer.param_groups if not g.get('muon')]
     return bool(groups) and all(g.get('fused') for g in groups)
 
 
 def set_lr(optimizer, lr):
     """Every group's learning rate for this step: a tensor the CUDA graph reads (filled in place), or a number.
-    An AdamW group with an lr_scale (gpt/muon.py's learned scalars) takes lr times it; Muon's groups take lr
+    An AdamW group with an lr_scale (gpt/optim/muon.py's learned scalars) takes lr times it; Muon's groups take lr
     and scale it in their own step."""
     for group in optimizer.param_groups:
         rate = lr if group.get('muon') else lr * group.get('lr_scale', 1.0)

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gpt.atomic import atomic_write
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 
 _URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 

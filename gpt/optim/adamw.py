@@ -1,5 +1,5 @@
 """
-torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/muon.py).
+torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py).
 
 torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
 torch._disable_dynamo, and each optimizer's step in a wrapper that calls torch._dynamo.graph_break(); both

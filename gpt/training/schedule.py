@@ -8,7 +8,7 @@ evaluations, samples and checkpoints are due at a step.
 import math
 from typing import NamedTuple
 
-from gpt.errors import UserError
+from gpt.runtime.errors import UserError
 
 # (iterations setting, tokens setting) pairs: a run sets one of each, the tokens one wins when given
 PAIRS = (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'), ('lr_decay_iters', 'lr_decay_tokens'))

@@ -71,3 +71,11 @@ def set_mode(fd, path, mode):
         os.fchmod(fd, mode)
     else:
         os.chmod(path, mode)
+
+
+def nearest_existing(path):
+    """path, or the nearest folder above it that exists."""
+    path = os.path.abspath(path) if not os.path.lexists(path) else path
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path

@@ -25,8 +25,8 @@ import threading
 import time
 import urllib.parse
 
-from gpt.errors import UserError
-from gpt.trainlog import LOG_NAME
+from gpt.monitor.trainlog import LOG_NAME
+from gpt.runtime.errors import UserError
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_static")
 FILES = {  # path -> (file in dashboard_static, content type)

@@ -9,17 +9,17 @@ even GPT-2 124M compiled at B=12 spends about as long launching a step as the GP
 graph launches the whole step at once. It runs the very same kernels, so it computes the same thing.
 
 What a graph needs: fixed shapes and addresses, and no value read back on the CPU inside it. The step,
-gpt/step.py's train_step (the eager loop's too), reads nothing back: a NaN/inf gradient norm skips the
+gpt/training/step.py's train_step (the eager loop's too), reads nothing back: a NaN/inf gradient norm skips the
 update on the GPU. So each step's batches are copied into fixed input buffers, and the learning rate is a
 tensor on the GPU that fused AdamW reads (capturable).
 """
 import torch
 
-from gpt.step import train_step
+from gpt.training.step import train_step
 
 
 class StepGraph:
-    """gpt/step.py's train_step over `accum` micro-batches (B, T) in fixed buffers. Made after the optimizer
+    """gpt/training/step.py's train_step over `accum` micro-batches (B, T) in fixed buffers. Made after the optimizer
     has its state (or none yet) and before the first step; then run() every iteration. graphed=False runs the
     same code eagerly on the same buffers, the way the CPU tests check it."""
 
@@ -33,7 +33,7 @@ class StepGraph:
         self.y = torch.zeros_like(self.x)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         for group in optimizer.param_groups:  # tensors, set before each replay: one for every group at the
-            # schedule's rate, its own for an AdamW group at a multiple of it (gpt/step.py's set_lr)
+            # schedule's rate, its own for an AdamW group at a multiple of it (gpt/training/step.py's set_lr)
             scaled = not group.get('muon') and group.get('lr_scale', 1.0) != 1.0
             group['lr'] = torch.zeros_like(self.lr) if scaled else self.lr
             group['capturable'] = True  # lets torch's optimizer be captured (fused AdamW runs the same kernels)
@@ -50,7 +50,7 @@ class StepGraph:
             del self.optimizer.held
 
     def run(self, batches):
-        """One step on the accum micro-batches (X, Y) that `batches` yields, at the learning rate gpt/step.py's
+        """One step on the accum micro-batches (X, Y) that `batches` yields, at the learning rate gpt/training/step.py's
         set_lr gave the optimizer. Returns the mean loss and the gradient norm; a non-finite norm means the
         update was skipped."""
         for i, (X, Y) in enumerate(batches):

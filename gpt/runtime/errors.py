@@ -4,7 +4,7 @@ printed as one line, `error: ...`, with exit status 2 - no traceback. Ctrl-C (Ke
 line `interrupted (Ctrl-C)` and status 130. Anything else is a bug and keeps its traceback.
 
 on_failure(callback): what a script has changed and must put back if it stops on any of these, e.g.
-gpt/rundir.py's Claim.undo (an earlier run's files moved back when a run fails before its first step).
+gpt/checkpoint/rundir.py's Claim.undo (an earlier run's files moved back when a run fails before its first step).
 The hook calls it, not atexit: atexit runs at every exit, a successful one too, and cannot tell them apart,
 while the hook runs exactly when an exception ends the script (not at sys.exit, nor when the process is
 killed: then nothing runs, and what was set aside stays aside, named by the note that moved it).
@@ -30,7 +30,7 @@ import sys
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 
 
-# what torchrun sets in each process it starts (gpt/distributed.py's launch checks them)
+# what torchrun sets in each process it starts (gpt/runtime/distributed.py's launch checks them)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
