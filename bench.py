@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ import torch._functorch.config
 import configurator
 from gpt import generation, optim
 from gpt.config import settings
+from gpt.config.settings import BATCH_LIST, FRACTION, NOT_NEGATIVE, POSITIVE, SEED, Setting, at_least
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
 from gpt.data.loader import check_ids, check_split
 from gpt.optim import muon
@@ -28,46 +30,47 @@ from gpt.training.step import set_lr, train_step
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
-batch_sizes = '12,32'  # micro-batch sizes to time, comma separated
-block_size = 1024
-n_layer = 12
-n_head = 12
-n_embd = 768
-vocab_size = 50304
-bias = False
-dropout = 0.0
-model_options = GPTConfig.options()  # the model's switches, as train.py's (--qk_norm=True, --pos_emb=rope, ...)
-real_data = False  # True: windows of data/<dataset>/train.bin; False: random tokens
-dataset = 'openwebtext'
-data_dir = ''  # real_data from this folder instead of data/<dataset>
-optimizer = 'adamw'  # or 'muon' (Muon for the blocks' matrices, AdamW the rest), as train.py's setting
-learning_rate = 6e-4
-weight_decay = 1e-1
-muon_options = dict(muon.OPTIONS)  # optimizer='muon': muon_lr, muon_momentum, ... as train.py's
-grad_clip = 1.0
-warmup_steps = 10  # untimed steps (compilation, allocator warm-up)
-timed_steps = 30
-gen_batch_sizes = '1,10'  # generation benchmark batch sizes ('' to skip)
-gen_tokens = 500
-top_k = 200
-seed = 1337
-device = 'auto'
-dtype = 'auto'
-compile = True
-activation_memory_budget = 1.0  # compile: below 1, recompute cheap activations in the backward to save memory
-check_batch_size = 4  # first compare the fast path's loss and gradients with the plain path's at this batch (0: skip)
-fused_loss = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
-cuda_graph = False  # True: replay the whole training step from a CUDA graph (gpt/training/stepgraph.py), as in train.py
-cudnn_attention = True  # False: attention never takes cuDNN's kernel (flash instead), as train.py's option
-profile = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
-peak_flops = 0.0  # 0: from gpt/runtime/hardware.py's table
-out_json = 'bench.json'
+UNIT = (lambda v: 0 <= v <= 1, "between 0 and 1 (1: recompute nothing)")
+batch_sizes: Setting(BATCH_LIST) = '12,32'  # micro-batch sizes to time, comma separated
+block_size: Setting(POSITIVE) = 1024
+n_layer: Setting(POSITIVE) = 12
+n_head: Setting(POSITIVE) = 12
+n_embd: Setting(POSITIVE) = 768
+vocab_size: Setting(POSITIVE) = 50304
+bias: Setting() = False
+dropout: Setting(FRACTION) = 0.0
+real_data: Setting() = False  # True: windows of data/<dataset>/train.bin; False: random tokens
+dataset: Setting() = 'openwebtext'
+data_dir: Setting() = ''  # real_data from this folder instead of data/<dataset>
+optimizer: Setting() = 'adamw'  # or 'muon' (Muon for the blocks' matrices, AdamW the rest), as train.py's setting
+learning_rate: Setting(POSITIVE) = 6e-4
+weight_decay: Setting(NOT_NEGATIVE) = 1e-1
+grad_clip: Setting(at_least(0, "0 (off) or more")) = 1.0
+warmup_steps: Setting(NOT_NEGATIVE) = 10  # untimed steps (compilation, allocator warm-up)
+timed_steps: Setting(POSITIVE) = 30
+gen_batch_sizes: Setting(BATCH_LIST) = '1,10'  # generation benchmark batch sizes ('' to skip)
+gen_tokens: Setting(POSITIVE) = 500
+top_k: Setting(at_least(0, "0 (all tokens) or more")) = 200
+seed: Setting(SEED) = 1337
+device: Setting() = 'auto'
+dtype: Setting() = 'auto'
+compile: Setting() = True
+activation_memory_budget: Setting(UNIT) = 1.0  # compile: below 1, recompute cheap activations to save memory
+check_batch_size: Setting(at_least(0, "0 (skip) or more")) = 4  # first compare the fast path with the plain one
+fused_loss: Setting() = False  # True: chunked linear + cross-entropy (False: lm_head + F.cross_entropy, nanoGPT's way)
+cuda_graph: Setting() = False  # True: replay the whole training step from a CUDA graph, as in train.py
+cudnn_attention: Setting() = True  # False: attention never takes cuDNN's kernel (flash instead), as train.py's option
+profile: Setting() = False  # also write a table of kernel times over 3 steps per micro-batch, beside out_json
+peak_flops: Setting(at_least(0, "0 (from the table) or more")) = 0.0  # 0: from gpt/runtime/hardware.py's table
+out_json: Setting() = 'bench.json'
 # -----------------------------------------------------------------------------
 errors.install()
-config = configurator.apply(globals(), sys.argv[1:], model_options, muon_options)
-settings.check_bench(config)  # values that are the right type but make no sense: one line each
+# the model's switches and Muon's settings, as train.py's; bench.py runs one process, so muon_shard does nothing
+config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), {**muon.SETTINGS, 'muon_shard': replace(
+    muon.SETTINGS['muon_shard'], unused=lambda c: c['optimizer'] == 'muon' and "bench.py runs one process")})
+settings.check(config, config.declared)  # values that are the right type but make no sense: one line each
 optim.check(optimizer, 'none')
-for line in settings.inert_bench(config):
+for line in settings.notes(config, config.declared):
     print(f"note: {line}")
 
 
@@ -106,7 +109,8 @@ hardware.attention_kernels(cudnn=cudnn_attention)
 torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, bias=bias, dropout=dropout, **model_options)
+                         n_embd=n_embd, bias=bias, dropout=dropout,
+                         **{k: config[k] for k in GPTConfig.settings()})
 
 
 def sync():
@@ -169,7 +173,7 @@ def bench_train(B):
     model = GPT(model_config).to(device)
     model.config.fused_loss = fused_loss
     chosen = dict(name=optimizer, learning_rate=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.95),
-                  **muon_options)
+                  **{k: config[k] for k in muon.SETTINGS})
     opt = optim.build(model, chosen, device_type)
     step_model = hardware.maybe_compile(model, compile, device_type)
     data = batches(B)

@@ -24,18 +24,22 @@ import ast
 import difflib
 import math
 import os
-import re
 import sys
 import types
+from dataclasses import replace
 
+from gpt.config.settings import MODEL, RUN, TRAINING, Setting, comments
 from gpt.runtime.errors import UserError
 
 CONFIG_TYPES = (bool, int, float, str)
 
 
 def config_keys(g):
-    """The configuration of a script: its public module-level globals of plain types."""
-    return [k for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)]
+    """The configuration of a script: its annotated settings (gpt/config/settings.py's Setting), or, in a
+    script that declares none, its public module-level globals of plain types (nanoGPT's rule)."""
+    notes = g.get("__annotations__", {})
+    declared = [k for k, v in notes.items() if isinstance(v, Setting) and k in g]
+    return declared or [k for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)]
 
 
 def _unknown(key, known, where):
@@ -83,11 +87,13 @@ def _expand_home(key, value):
 
 
 class Config(dict):
-    """The final settings, {key: value}, plus `given`: the keys that config files and flags set."""
+    """The final settings, {key: value}, plus `given`: the keys that config files and flags set, and
+    `declared`: each setting's declaration (gpt/config/settings.py's Setting)."""
 
-    def __init__(self, values, given):
+    def __init__(self, values, given, declared=None):
         super().__init__(values)
         self.given = frozenset(given)
+        self.declared = declared or {k: Setting(default=v) for k, v in values.items()}
 
 
 class _Recording(dict):
@@ -139,19 +145,12 @@ def _run_config_file(path, config):
 
 
 def _comments(script):
-    """{setting: its comment} from the script's source, for lines like `key = value  # comment` (globals)
-    or `key=value,  # comment` (a settings dict)."""
+    """{setting: its comment} from the script's source."""
     try:
         with open(script, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            return comments(f.read())
     except OSError:
         return {}
-    found = (re.match(r"\s*(\w+)\s*=[^#]*#\s*(.+)$", line) for line in lines)
-    comments = {}
-    for m in found:
-        if m:
-            comments.setdefault(m.group(1), m.group(2).strip())
-    return comments
 
 
 # where --help sends a script's users: configuration.md describes every train.py setting (tests/test_docs.py
@@ -162,16 +161,15 @@ DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", 
         "check_generation.py": "docs/generation.md"}
 
 
-def usage(settings, script):
-    """What --help prints: how to call the script, every setting with its default and comment, and where the
-    settings are described."""
-    comments = _comments(script)
+def usage(declared, script):
+    """What --help prints: how to call the script, every setting with its default and documentation, and
+    where the settings are described."""
     name = os.path.basename(script)
     lines = [f"usage: python {name} [config_file.py ...] [--key=value ...]",
              "Config files (Python files that assign settings) and --key=value flags apply in order; later ones "
              "win.", "Settings, with their defaults:"]
-    for key, value in settings.items():
-        lines.append(f"  --{key}={value!r}" + (f"  # {comments[key]}" if key in comments else ""))
+    for key, s in declared.items():
+        lines.append(f"  --{key}={s.default!r}" + (f"  # {s.doc}" if s.doc else ""))
     if name == "train.py":
         lines.append(f"Every setting is described in {DOCS[name]}.")
     elif name in DOCS:
@@ -179,35 +177,63 @@ def usage(settings, script):
     return "\n".join(lines)
 
 
+def markdown(declared):
+    """The settings as a markdown table (docs/configuration.md holds train.py's: `python train.py --help=markdown`),
+    with what a resumed run does with each."""
+    resume = {RUN: "takes it", TRAINING: "trains with it", MODEL: "keeps the model's"}
+    rows = ["| setting | default | meaning | on resume |", "| --- | --- | --- | --- |"]
+    for key, s in declared.items():
+        doc = s.doc.replace("|", "\\|")
+        rows.append(f"| `{key}` | `{s.default!r}` | {doc} | {resume.get(s.resume, s.resume)} |")
+    return "\n".join(rows)
+
+
 def apply(g, argv, *sections):
-    """Apply config files and --key=value flags in `argv` to the globals `g` (and to the dicts `sections`, which
-    hold more settings, updated in place); return the final config (a Config: a dict, plus .given).
-    -h or --help prints every setting with its default and exits."""
-    home = {k: g for k in config_keys(g)}  # the dict each setting lives in
-    given = set()
-    home.update({k: section for section in sections for k in section if k not in home})
+    """Apply config files and --key=value flags in `argv` to the globals `g` (and to the sections: more
+    settings, declared as dicts of name -> Setting, or plain dicts of name -> default, which are updated in
+    place); return the final config (a Config: a dict, plus .given and .declared).
+    -h or --help prints every setting with its default and documentation, and exits."""
+    script = g.get("__file__") or sys.argv[0]
+    own = config_keys(g)
+    notes = g.get("__annotations__", {})
+    declared = {k: replace(notes[k], default=g[k], doc=_comments(script).get(k, notes[k].doc))
+                if isinstance(notes.get(k), Setting) else Setting(default=g[k], doc=_comments(script).get(k, ""))
+                for k in own}
+    home = {k: g for k in own}  # where a setting's value is written back: the globals, or a plain dict section
+    for section in sections:
+        for k, v in section.items():
+            if k not in declared:
+                declared[k] = v if isinstance(v, Setting) else Setting(default=v)
+                if not isinstance(v, Setting):
+                    home[k] = section
+    values = {k: s.default for k, s in declared.items()}
     if "-h" in argv or "--help" in argv:
-        print(usage({k: where[k] for k, where in home.items()}, g.get("__file__") or sys.argv[0]))
+        print(usage(declared, script))
         raise SystemExit(0)
+    if "--help=markdown" in argv:
+        print(markdown(declared))
+        raise SystemExit(0)
+    given = set()
     for arg in argv:
-        config = {k: where[k] for k, where in home.items()}
         if "=" not in arg:
             if arg.startswith("-"):
                 raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
-            for key, value in _run_config_file(arg, config).items():
+            for key, value in _run_config_file(arg, values).items():
                 value = _expand_home(key, value)
                 print(f"config {arg}: {key} = {value!r}")
-                home[key][key] = _coerce(key, value, config[key], arg)
+                values[key] = _coerce(key, value, values[key], arg)
                 given.add(key)
         else:
             if not arg.startswith("--"):
                 raise UserError(f"cannot parse argument {arg!r}: write --key=value")
             key = arg[2:].partition("=")[0]
-            if key not in config:
-                raise _unknown(key, config, f"(from {arg})")
-            key, value = _parse_flag(arg, config[key])
+            if key not in values:
+                raise _unknown(key, values, f"(from {arg})")
+            key, value = _parse_flag(arg, values[key])
             value = _expand_home(key, value)
             print(f"config flag: {key} = {value!r}")
-            home[key][key] = _coerce(key, value, config[key], arg)
+            values[key] = _coerce(key, value, values[key], arg)
             given.add(key)
-    return Config({k: where[k] for k, where in home.items()}, given)
+    for key, where in home.items():
+        where[key] = values[key]
+    return Config(values, given, declared)

@@ -16,22 +16,23 @@ import os
 import sys
 
 import configurator
-from gpt.config.settings import check_dashboard
+from gpt.config.settings import PORT, Setting, check
 from gpt.monitor.server import make_server, url
 from gpt.monitor.trainlog import LOG_NAME
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
+SETTINGS = dict(
+    out_dir=Setting(default='out', doc="the run folder, holding log.jsonl"),
+    port=Setting(PORT, default=8000, doc="0: any free port"),
+    host=Setting(default='127.0.0.1', doc="the address to listen on; only this machine can reach 127.0.0.1"),
+)
+
 
 def main(argv):
     errors.install()
-    settings = dict(
-        out_dir='out',  # the run folder, holding log.jsonl
-        port=8000,  # 0: any free port
-        host='127.0.0.1',  # the address to listen on; only this machine can reach 127.0.0.1
-    )
-    s = configurator.apply(settings, argv)
-    check_dashboard(s)  # a port beyond 65535: one line, not socket's OverflowError
+    s = configurator.apply({'__file__': __file__}, argv, SETTINGS)
+    check(s, s.declared)  # a port beyond 65535: one line, not socket's OverflowError
     if not os.path.isdir(s['out_dir']):
         raise UserError(f"out_dir {s['out_dir']} does not exist: point --out_dir at a run folder")
     if not os.path.exists(os.path.join(s['out_dir'], LOG_NAME)):

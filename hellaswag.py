@@ -20,26 +20,32 @@ import torch.distributed as dist
 
 import configurator
 from gpt.checkpoint import load_model
-from gpt.config.settings import check_hellaswag
+from gpt.config.settings import POSITIVE, Setting, at_least, check, check_init_folder
 from gpt.data.tokenizer import folder_meta, get_tokenizer
 from gpt.runtime import distributed, errors, hardware
 from gpt.training.hellaswag_eval import evaluate, load_examples
 
+SETTINGS = dict(
+    init_from=Setting(default='resume', doc="'resume' (from out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a "
+                      "transformers folder"),
+    out_dir=Setting(default='out', doc="ignored if init_from is not 'resume'"),
+    device=Setting(default='auto', doc="'auto', 'cpu', 'cuda', 'cuda:0', 'mps'; under torchrun each rank takes its "
+                   "own GPU"),
+    dtype=Setting(default='auto', doc="'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it"),
+    compile=Setting(default=False, doc="torch.compile the model"),
+    path=Setting(default='', doc="hellaswag_val.jsonl or its folder; '' = $HELLASWAG_DIR or "
+                 "~/.cache/nanogpt/hellaswag"),
+    limit=Setting(at_least(0, "0 (all examples) or more"), default=0, doc="evaluate only the first N examples (0 = "
+                  "all 10,042), for quick checks"),
+    batch_examples=Setting(POSITIVE, default=8, doc="examples per forward (4 rows each)"),
+)
+
 
 def main(argv):
     errors.install()
-    settings = dict(
-        init_from='resume',  # 'resume' (from out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
-        out_dir='out',  # ignored if init_from is not 'resume'
-        device='auto',  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'; under torchrun each rank takes its own GPU
-        dtype='auto',  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
-        compile=False,  # torch.compile the model
-        path='',  # hellaswag_val.jsonl or its folder; '' = $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag
-        limit=0,  # evaluate only the first N examples (0 = all 10,042), for quick checks
-        batch_examples=8,  # examples per forward (4 rows each)
-    )
-    s = configurator.apply(settings, argv)
-    check_hellaswag(s)  # values that are the right type but make no sense: one line each
+    s = configurator.apply({'__file__': __file__}, argv, SETTINGS)
+    check_init_folder(s['init_from'])
+    check(s, s.declared)  # values that are the right type but make no sense: one line each
 
     torch.set_float32_matmul_precision('high')  # allow tf32 on matmul
     device = hardware.resolve_device(s['device'])

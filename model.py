@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import generation
+from gpt.config.settings import MODEL, NOT_NEGATIVE, POSITIVE, RUN, Setting, at_least, comments
 from gpt.runtime.errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -34,8 +35,8 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA bui
 ARCHITECTURE, INITIALISATION, RUNTIME = 'architecture', 'initialisation', 'runtime'
 
 
-def architecture(default):
-    return field(default=default, metadata={'kind': ARCHITECTURE})
+def architecture(default, check=()):
+    return field(default=default, metadata={'kind': ARCHITECTURE, 'check': check})
 
 
 def initialisation(default):
@@ -57,29 +58,26 @@ class GPTConfig:
     bias: bool = architecture(True)  # bias in Linears and LayerNorms, like GPT-2; False is a bit better and faster
     # the fields below are not nanoGPT's: a checkpoint records them only where they differ from these defaults
     family: str = architecture('gpt2')  # 'gpt2': learned positions, LayerNorm, GELU MLP; 'llama': RoPE, RMSNorm, SwiGLU
-    n_kv_head: int = architecture(0)  # key/value heads, fewer than n_head for grouped-query attention (0: n_head)
-    mlp_hidden: int = architecture(0)  # MLP hidden size (0: 4 x n_embd for gpt2, 8/3 x n_embd up to a multiple of 64
-    #                                    for llama)
-    rope_theta: float = architecture(10000.0)  # llama: base of the rotary position embeddings' frequencies
-    tie_embeddings: bool = architecture(True)  # the output projection is the token embedding (GPT-2 ties them,
-    #                                            LLaMA does not)
+    n_kv_head: int = architecture(0, at_least(0, "0 (n_head) or more"))  # key/value heads (0: n_head); fewer: GQA
+    mlp_hidden: int = architecture(0, NOT_NEGATIVE)  # MLP width (0: 4 x n_embd for gpt2, about 8/3 for llama)
+    rope_theta: float = architecture(10000.0, POSITIVE)  # llama: base of the rotary position embeddings' frequencies
+    tie_embeddings: bool = architecture(True)  # the output projection is the token embedding (GPT-2's; LLaMA's not)
     norm_eps: float = architecture(1e-5)  # of LayerNorm / RMSNorm (a Llama from transformers brings its own)
     # switches of the modded-nanogpt speedrun (docs/speedrun.md), all off by default
     qk_norm: bool = architecture(False)  # RMSNorm (without a gain) on each head's queries and keys before attention
     mlp_act: str = architecture('gelu')  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
     logit_softcap: float = architecture(0.0)  # > 0: logits = cap * tanh(logits / cap), in training and generation
-    pos_emb: str = architecture('learned')  # gpt2's positions: 'learned' (GPT-2's wpe table) or 'rope' (rotary, as
-    #                                         llama: no table, rope_theta applies)
+    pos_emb: str = architecture('learned')  # gpt2's positions: 'learned' (GPT-2's wpe table) or 'rope' (rotary)
     # value embeddings (modded-nanogpt, Dec 2024 records): value_embeds=N > 0 adds N token embedding tables, table i
     # mixed into the attention values of layer i and of layer n_layer - N + i (the first N and last N layers; the
     # records' 3 tables over 12 layers). Each such layer learns two scalars: v = l0 * v + l1 * table(token)
-    value_embeds: int = architecture(0)
+    value_embeds: int = architecture(0)  # N value embedding tables for the first and last N layers (0: none)
     # U-net skips (modded-nanogpt, Nov 2024 record): the output of each block j of the first half is added, times
     # a learned scalar (initially 1), to the input of its mirror block n_layer - 1 - j
-    skip_connections: bool = architecture(False)
+    skip_connections: bool = architecture(False)  # U-net skips from the first half's blocks to their mirrors
     # the residual projections (c_proj) start at zero instead of GPT-2's small normal init, so every block starts
     # as the identity
-    zero_init_proj: bool = initialisation(False)
+    zero_init_proj: bool = initialisation(False)  # residual projections start at zero: each block the identity
     # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
     # (LinearCrossEntropy; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel,
     # gpt/kernels/cross_entropy.py), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
@@ -89,7 +87,7 @@ class GPTConfig:
     # True: qk_norm and the rotary embedding (pos_emb='rope', llama) in one Triton kernel each way
     # (gpt/kernels/fused_qk.py), on a CUDA GPU, uncompiled: the same math as the plain path below, a few times fewer
     # bytes moved (torch.compile fuses the plain path itself)
-    fused_qk: bool = runtime(False)
+    fused_qk: bool = runtime(False)  # QK-norm and rotary embeddings in one Triton kernel (a CUDA GPU, uncompiled)
 
     def __post_init__(self):
         if self.family not in ('gpt2', 'llama'):
@@ -142,7 +140,16 @@ class GPTConfig:
     def options(cls):
         """{name: default} of the fields beyond nanoGPT's, the loss's and norm_eps: the model switches that
         train.py takes as settings (--family=llama, --qk_norm=True, ...) besides its own n_layer, n_head, ..."""
-        return {f.name: f.default for f in fields(cls) if f.name not in NANOGPT_ARGS + LOSS_ARGS + ('norm_eps',)}
+        return {name: s.default for name, s in cls.settings().items()}
+
+    @classmethod
+    def settings(cls):
+        """Those switches declared as settings (gpt/config/settings.py): the field's default, its check and its
+        comment; a resumed or pretrained model keeps its architecture and initialisation (gpt/config/plan.py)."""
+        docs = comments(inspect.getsource(cls))
+        return {f.name: Setting(f.metadata.get('check', ()), RUN if f.metadata['kind'] == RUNTIME else MODEL,
+                                default=f.default, doc=docs.get(f.name, ''))
+                for f in fields(cls) if f.name not in NANOGPT_ARGS + LOSS_ARGS + ('norm_eps',)}
 
     def checkpoint_args(self):
         """model_args for a checkpoint: nanoGPT's keys, plus the other architecture fields where they differ

@@ -17,27 +17,29 @@ import configurator
 from gpt import generation
 from gpt.checkpoint import load_model
 from gpt.config import settings
+from gpt.config.settings import NUCLEUS, POSITIVE, SEED, Setting, at_least, greedy
 from gpt.data.tokenizer import folder_meta, get_tokenizer
 from gpt.runtime import hardware
 
 # -----------------------------------------------------------------------------
-init_from = 'resume'  # either 'resume' (from an out_dir) or a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
-out_dir = 'out'  # ignored if init_from is not 'resume'
-start = "\n"  # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
-num_samples = 10  # number of samples to draw
-max_new_tokens = 500  # number of tokens generated in each sample
-temperature = 0.8  # 1.0 = no change, < 1.0 = less random, > 1.0 = more random; 0 = greedy
-top_k = 200  # retain only the top_k most likely tokens, clamp others to have 0 probability; 0 = all
-top_p = 1.0  # nucleus sampling: only the likeliest tokens whose probabilities sum to top_p (e.g. 0.9); 1.0 = all
-stop_at_eot = False  # end each sample at the tokenizer's end-of-text token (<|endoftext|>), where it has one
-seed = 1337
-device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
-dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
-compile = False  # compile the one-token decode step: ~10% faster per token, after ~10-20 s of compiling
+init_from: Setting() = 'resume'  # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
+out_dir: Setting(unused=settings.not_resumed) = 'out'  # ignored if init_from is not 'resume'
+start: Setting() = "\n"  # or "<|endoftext|>" or etc. Can also specify a file, use as: "FILE:prompt.txt"
+num_samples: Setting(POSITIVE) = 10  # number of samples to draw
+max_new_tokens: Setting(POSITIVE) = 500  # number of tokens generated in each sample
+temperature: Setting(at_least(0, "0 (greedy) or more")) = 0.8  # < 1.0 less random, > 1.0 more; 0 = greedy
+top_k: Setting(at_least(0, "0 (all tokens) or more"), unused=greedy) = 200  # draw from the top_k likeliest; 0 = all
+top_p: Setting(NUCLEUS, unused=greedy) = 1.0  # nucleus sampling (e.g. 0.9): the likeliest tokens up to top_p; 1.0 = all
+stop_at_eot: Setting() = False  # end each sample at the tokenizer's end-of-text token, where it has one
+seed: Setting(SEED) = 1337
+device: Setting() = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
+dtype: Setting() = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
+compile: Setting() = False  # compile the one-token decode step: faster per token, once it has compiled
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
-settings.check_sample(config)
-for line in settings.inert_sample(config):  # settings given that the others make do nothing
+settings.check_init_folder(config['init_from'])
+settings.check(config, config.declared)
+for line in settings.notes(config, config.declared):  # settings given that the others make do nothing
     print(f"note: {line}")
 # -----------------------------------------------------------------------------
 

@@ -129,21 +129,28 @@ def tiny(**overrides):
                      learning_rate=3e-3, dropout=0.0, compile=False, device="cpu", dtype="float32"), **overrides)
 
 
+def declarations(script="train.py"):
+    """A script's settings as its configurator declares them ({name: Setting}, in order): its imports, its
+    annotated settings and its configurator call, run without the rest of the script (and without the
+    command line: pytest's own arguments)."""
+    import ast
+    import types
+    path = os.path.join(ROOT, script)
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    keep = [node for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.AnnAssign)) and not any(
+                alias.name == "sys" for alias in getattr(node, "names", ()))
+            or isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "config" for t in node.targets)]
+    scope = dict(__file__=path, __name__="settings_of_" + script[:-3], sys=types.SimpleNamespace(argv=[script]))
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
+    return scope["config"].declared
+
+
 def train_settings():
-    """train.py's settings with their defaults, as the configurator sees them: the globals of its settings
-    block and the entries of its option dicts (GPTConfig's fields, Muon's and DDP's options)."""
-    from gpt.optim import muon
-    from gpt.runtime import distributed
-    from model import GPTConfig
-    with open(os.path.join(ROOT, "train.py")) as f:
-        source = f.read()
-    block = source.split("# " + "-" * 77 + "\n")[1]  # between the first two rules: the settings
-    scope = dict(GPTConfig=GPTConfig, muon=muon, distributed=distributed)
-    exec(block, scope)
-    settings = {k: v for k, v in scope.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    for name in ("model_options", "muon_options", "parallel_options"):
-        settings.update(scope[name])
-    return settings
+    """train.py's settings with their defaults, as the configurator sees them: its own, and those declared
+    with the model, Muon, DDP/FSDP2 and the dashboard."""
+    return {name: s.default for name, s in declarations().items()}
 
 
 def log_rows(out_dir, kind="train"):

@@ -1,43 +1,36 @@
 """
-The promise `python train.py --help` ends with: every setting is described in docs/configuration.md. The
-settings are read from the code as it is - train.py's globals between its first two `# ----` lines, and the
-sections it hands the configurator (GPTConfig.options(), gpt/optim/muon.py's and gpt/runtime/distributed.py's OPTIONS) -
-so a setting added anywhere without a line in the docs fails here.
+The promise `python train.py --help` ends with: every setting is described in docs/configuration.md. Its table
+of settings is derived from the declarations (`python train.py --help=markdown`), so a setting added anywhere,
+or a declaration changed, without the docs following fails here.
 """
-import ast
 import os
-import re
+import subprocess
+import sys
 
-from gpt.optim import muon
-from gpt.runtime import distributed
-from model import GPTConfig
+from conftest import declarations
+
+import configurator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- settings: python train.py --help=markdown -->", "<!-- end of settings -->"
 
 
-def train_settings():
-    """The names train.py's configurator takes: its plain globals in the settings block (not the sections,
-    which are dicts built by calls), and the sections' keys."""
-    with open(os.path.join(ROOT, "train.py"), encoding="utf-8") as f:
-        source = f.read()
-    marks = [i for i, line in enumerate(source.splitlines(), 1) if line.startswith("# ----")][:2]
-    assert len(marks) == 2, "train.py's settings block lies between two '# ----' lines"
-    names = [target.id for node in ast.parse(source).body
-             if isinstance(node, ast.Assign) and marks[0] < node.lineno < marks[1]
-             and not isinstance(node.value, ast.Call) for target in node.targets if isinstance(target, ast.Name)]
-    sections = [GPTConfig.options(), muon.OPTIONS, distributed.OPTIONS]
-    return list(dict.fromkeys(names + [name for section in sections for name in section]))
-
-
-def documented():
-    """Every `name` in the first cell of a table row of docs/configuration.md."""
+def documented_table():
     with open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8") as f:
-        rows = [line for line in f if line.startswith("|")]
-    return {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+        text = f.read()
+    assert BEGIN in text and END in text, "configuration.md holds the generated table between its two markers"
+    return text.split(BEGIN)[1].split(END)[0].strip()
 
 
-def test_every_train_setting_is_in_a_table_of_configuration_md():
-    settings = train_settings()
-    assert {"out_dir", "batch_size", "family", "muon_lr", "ddp_bucket_mb"} <= set(settings)  # the parse works
-    missing = [name for name in settings if name not in documented()]
-    assert not missing, f"settings without a row in docs/configuration.md: {missing}"
+def test_configuration_md_holds_the_table_the_declarations_give():
+    declared = declarations()
+    assert {"out_dir", "batch_size", "family", "muon_lr", "ddp_bucket_mb", "dashboard"} <= set(declared)
+    assert documented_table() == configurator.markdown(declared), \
+        "docs/configuration.md's table is stale: paste `python train.py --help=markdown` between its markers"
+    assert all(s.doc for s in declared.values()), [k for k, s in declared.items() if not s.doc]
+
+
+def test_help_markdown_is_that_table():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--help=markdown"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == documented_table(), r.stderr[-2000:]

@@ -1,6 +1,6 @@
 """
-What a resumed run may change: gpt/config/plan.py's table (RESUME_REFUSED, RESUME_TRAINING, RESUME_RUN, and the
-model's fields by their kind) holds every train.py setting once. From it, a resume with each setting changed:
+What a resumed run may change: each train.py setting declares it (gpt/config/settings.py: RUN, TRAINING, kept,
+and the model's fields by their kind on GPTConfig). From the declarations, a resume with each setting changed:
 a refused one is one error line; a training one changes the next steps (their learning rate, loss or gradient
 norm), so the value the plan records is the one that trains, never one a checkpoint's optimizer state
 silently overrules.
@@ -18,11 +18,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, flags, log_rows, tiny, train_settings, write_ids_dataset
+from conftest import ROOT, declarations, flags, log_rows, tiny, train_settings, write_ids_dataset
 
-from gpt.config import plan
+from gpt.config.settings import MODEL, RUN, TRAINING, resume_groups
 from gpt.runtime import errors
 from model import ARCHITECTURE, INITIALISATION, GPTConfig
+
+GROUPS = resume_groups(declarations())
 
 START, STEPS = 4, 2  # the first run saves at step 4; each resume trains steps 4 and 5
 BASE = tiny(n_layer=1, block_size=16, warmup_iters=2, lr_decay_iters=8, max_iters=START, eval_interval=START,
@@ -107,7 +109,7 @@ def changed_flags(key, datasets):
     return [f"--{key}={value + 1 if type(value) is int else value / 2}"]
 
 
-@pytest.mark.parametrize("key", plan.RESUME_TRAINING)
+@pytest.mark.parametrize("key", GROUPS[TRAINING])
 def test_a_resume_that_changes_a_training_setting_trains_with_it(first_run, datasets, tmp_path, key):
     if CHANGED.get(key, ()) is None:
         pytest.skip("dataset names a folder under data/; data_dir, the same setting as a path, is changed instead")
@@ -120,7 +122,7 @@ def test_a_resume_that_changes_a_training_setting_trains_with_it(first_run, data
     assert same != other[:STEPS], f"{key}: the resumed steps did not change: {same}"
 
 
-@pytest.mark.parametrize("key", [*plan.RESUME_REFUSED, 'n_layer', 'zero_init_proj'])
+@pytest.mark.parametrize("key", [*GROUPS['kept'], 'n_layer', 'zero_init_proj'])
 def test_a_resume_that_changes_a_refused_setting_is_one_error_line(first_run, tmp_path, key):
     value = {'optimizer': 'sgd' if "--optimizer=muon" in first_run[1] else 'muon', 'seed': 7, 'n_layer': 3,
              'zero_init_proj': True, 'scalar_lr': 0.04}[key]
@@ -128,11 +130,13 @@ def test_a_resume_that_changes_a_refused_setting_is_one_error_line(first_run, tm
         resume(first_run, tmp_path, f"--{key}={value}")
 
 
-def test_every_setting_is_in_the_table_once():
-    groups = [set(plan.RESUME_REFUSED), set(plan.RESUME_TRAINING), set(plan.RESUME_RUN),
-              set(GPTConfig.fields_of(ARCHITECTURE)) | set(GPTConfig.fields_of(INITIALISATION))]
-    assert sum(map(len, groups)) == len(set().union(*groups))  # none in two groups
-    assert set(train_settings()) <= set().union(*groups)
+def test_every_setting_declares_what_a_resume_does_with_it():
+    groups = [set(GROUPS[RUN]), set(GROUPS[TRAINING]), set(GROUPS[MODEL]), set(GROUPS['kept'])]
+    assert sum(map(len, groups)) == len(set().union(*groups)) == len(train_settings())  # each in one group
+    # the model's own fields are kept as their kind on GPTConfig says: architecture and initialisation
+    model_kept = set(GPTConfig.fields_of(ARCHITECTURE)) | set(GPTConfig.fields_of(INITIALISATION))
+    assert set(GROUPS[MODEL]) == model_kept & set(train_settings())
+    assert {'optimizer', 'seed', 'scalar_lr'} <= set(GROUPS['kept']) and 'learning_rate' in GROUPS[TRAINING]
 
 
 def test_a_checkpoint_without_optimizer_state_resumes_saying_so(first_run, tmp_path):

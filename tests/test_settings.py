@@ -1,9 +1,21 @@
 """
-Settings the user gave that the run's other settings make do nothing: named in a note line each
-(gpt/config/settings.py's inert and inert_sample), never accepted in silence.
+Settings the user gave that the run's other settings make do nothing: named in a note line each (the rules
+declared with each setting, gpt/config/settings.py's notes), never accepted in silence.
 """
+from conftest import declarations
+
 import configurator
-from gpt.config.settings import inert, inert_sample
+from gpt.config.settings import notes as notes_of
+
+TRAIN, SAMPLE = declarations("train.py"), declarations("sample.py")
+
+
+def inert(config):
+    return notes_of(config, TRAIN)
+
+
+def inert_sample(config):
+    return notes_of(config, SAMPLE)
 
 
 def test_settings_given_that_do_nothing_are_named():
@@ -17,15 +29,13 @@ def test_settings_given_that_do_nothing_are_named():
 
     def notes(given, **values):
         return inert(configurator.Config({**base, **values}, given))
-    assert notes(base.keys()) == ["lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
+    assert notes(base.keys()) == [*[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no samples during "
+                                    f"training" for k in ("num_samples_train", "sample_prompt", "sample_max_tokens",
+                                                          "sample_top_p")],
+                                  "lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
                                   *[f"{k}={base[k]!r} does nothing here: optimizer='adamw' trains without Muon"
                                     for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_shard",
                                               "scalar_lr")],
-                                  "sample_prompt='Hi' does nothing here: sample_interval=0 draws no samples during "
-                                  "training", *[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no "
-                                                f"samples during training" for k in ("sample_max_tokens",
-                                                                                     "sample_top_p",
-                                                                                     "num_samples_train")],
                                   "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
     assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
     # Muon's rate for learned scalars, on a model without any; with them (or resuming a model that may have
@@ -49,8 +59,8 @@ def test_settings_given_that_do_nothing_are_named():
         "min_lr=6e-05 does nothing here: a constant learning_rate never decays to it",
         "lr_schedule='cosine' does nothing here: decay_lr=False keeps learning_rate constant, whatever the schedule"]
     assert notes({"compile_scope", "keep_checkpoints"}, compile=False, checkpoint_interval=-1, keep_checkpoints=3) \
-        == ["compile_scope='model' does nothing here: compile=False compiles nothing",
-            "keep_checkpoints=3 does nothing here: checkpoint_interval=-1 saves no checkpoints"]
+        == ["keep_checkpoints=3 does nothing here: checkpoint_interval=-1 saves no checkpoints",
+            "compile_scope='model' does nothing here: compile=False compiles nothing"]
     assert notes({"muon_momentum", "lr_decay_frac", "sample_prompt"}, optimizer='muon', lr_schedule='wsd',
                  sample_interval=10) == []  # each in use
 
@@ -60,6 +70,6 @@ def test_sample_settings_that_do_nothing_are_named():
     notes = lambda given, **kw: inert_sample(configurator.Config({**base, **kw}, given))  # noqa: E731
     assert notes({"top_k", "top_p", "out_dir"}) == []
     assert notes({"top_k", "top_p", "out_dir"}, temperature=0.0, init_from='gpt2') == [
+        "out_dir='out' does nothing here: init_from='gpt2' loads that model, not out_dir's checkpoint",
         "top_k=200 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn",
-        "top_p=1.0 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn",
-        "out_dir='out' does nothing here: init_from='gpt2' loads that model, not out_dir's checkpoint"]
+        "top_p=1.0 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn"]

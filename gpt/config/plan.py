@@ -19,19 +19,23 @@ Which GPTConfig fields are architecture, initialisation or runtime is said on th
     runtime         from the settings, always (dropout, the loss's chunking)
 """
 import os
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 
 import torch
 
-from gpt import optim
+from gpt import checkpoint, hf, optim
 from gpt.checkpoint import rundir
 from gpt.config import settings
 from gpt.data import dataset_label, find_dataset
+from gpt.data.tokenizer import check_data_for_model, get_tokenizer
+from gpt.monitor.trainlog import check_wandb
+from gpt.optim import muon
 from gpt.runtime import distributed, hardware
 from gpt.runtime.errors import UserError
 from gpt.training import schedule, stepgraph
-from model import ARCHITECTURE, INITIALISATION, RUNTIME, GPTConfig
+from model import ARCHITECTURE, GPT, INITIALISATION, RUNTIME, GPTConfig
 
 # OpenAI's GPT-2 checkpoints on the hub (their config.json), so that a plan needs no download
 GPT2_HUB = {
@@ -57,7 +61,6 @@ class Source:
 
 def source(init_from, out_dir, parallelism):
     """Read (never write, never download) what the run starts from."""
-    from gpt import checkpoint
     if init_from == 'scratch':
         return Source('scratch')
     if init_from == 'resume':
@@ -67,10 +70,25 @@ def source(init_from, out_dir, parallelism):
         check_reachable(init_from)
         return Source('pretrained', init_from, dict(GPT2_HUB[init_from], vocab_size=50257, block_size=1024, bias=True))
     if os.path.isdir(init_from):  # a transformers folder: read here, so its problems come before any side effect
-        args, weights = checkpoint.pretrained_weights(init_from)
+        args, weights = hf.load_pretrained(init_from)
         return Source('pretrained', init_from, args, weights=weights)
     raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
                     f"or a folder written by transformers' save_pretrained")
+
+
+def check_settings(c):
+    """Every declared check (gpt/config/settings.py), and what train.py's settings must be together."""
+    if not c['dataset'].strip() and not c['data_dir'].strip():
+        raise UserError("dataset is empty: name one (e.g. --dataset=shakespeare_char), or give --data_dir")
+    if not c['out_dir'].strip():
+        raise UserError("out_dir is empty: give the folder the run writes to, e.g. --out_dir=out")
+    init_from = c['init_from']
+    if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
+        raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
+                        f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
+    settings.check_init_folder(init_from)
+    settings.check(c, c.declared)
+    schedule.check_decay(c['learning_rate'], c['min_lr'], schedule.in_effect(c))  # both valid
 
 
 def check_reachable(name):
@@ -124,9 +142,25 @@ class RunPlan:
     notes: tuple  # lines said before the run starts: settings that do nothing here, and why
     settings: MappingProxyType  # every setting as the run uses it (the model's, the derived counts)
 
+    def __getattr__(self, name):
+        """Every setting as the run uses it (run.eval_interval, run.muon_lr): the fields above are what the plan
+        decided beyond them."""
+        if name != 'settings' and name in self.settings:
+            return self.settings[name]
+        raise AttributeError(f"the run plan has no {name!r}")
+
     @property
     def device_type(self):
         return self.device.split(':')[0]
+
+    @property
+    def vocab_size(self):
+        """Of the data's token ids: the dataset's, else (nanoGPT's GPT-2 data) the model's."""
+        return self.meta['vocab_size'] if self.meta else self.model['vocab_size']
+
+    @property
+    def token_dtype(self):
+        return self.meta['dtype'] if self.meta else 'uint16'
 
     @property
     def master(self):
@@ -153,9 +187,8 @@ def make(config):
     tensors for build_model and checkpoint.restore), decided from config (the configurator's Config:
     settings, with .given), the machine torchrun or this process has, the dataset and the weights. Every
     check that can fail runs here; nothing is written, joined or downloaded."""
-    settings.check_train(config)
+    check_settings(config)
     if config['wandb_log']:
-        from gpt.monitor.trainlog import check_wandb
         check_wandb()  # installed, and a key or offline mode
     device = hardware.resolve_device(config['device'])
     cuda = device.split(':')[0] == 'cuda'
@@ -178,13 +211,11 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     """make()'s decisions, from what it found: src (source()'s answer), meta (the dataset's metadata; None:
     GPT-2 BPE, nanoGPT's default), the processes, this one's device and the dtype. verbose: print how settings
     in tokens became counts (total_batch_size, max_tokens, ...) and what is off here (compile, cuda_graph)."""
-    from gpt.data.tokenizer import check_data_for_model
     given = getattr(config, 'given', frozenset())
     device_type = device.split(':')[0]
     model = model_config(config, given, src, meta)
     if src.checkpoint and 'model' in src.checkpoint:  # before a model of model_args' size is allocated
-        from gpt.checkpoint import check_fits
-        check_fits(GPTConfig(**model), src.checkpoint['model'], src.name)
+        checkpoint.check_fits(GPTConfig(**model), src.checkpoint['model'], src.name)
     check_resume(config, given, src)
     data_dir, data_label, prepare_hint = data
     vocab = meta['vocab_size'] if meta else None
@@ -200,7 +231,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose,
                                                                   start=(start_iter, start_tokens))
     lr_schedule = config['lr_schedule'] if config['decay_lr'] else 'none'
-    notes = settings.inert(config) + schedule.check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule)
+    notes = settings.notes(config, config.declared) + schedule.check_lengths(max_iters, warmup_iters,
+                                                                           lr_decay_iters, lr_schedule)
     parallelism = config['parallelism'] if torchrun else 'none'
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
@@ -262,15 +294,13 @@ def optimizer_settings(config, given, parallelism):
                   betas=[config['beta1'], config['beta2']], weight_decay=config['weight_decay'],
                   grad_clip=config['grad_clip'])
     if name == 'muon':
-        chosen.update({k: config[k] for k in ('muon_lr', 'muon_momentum', 'muon_weight_decay', 'muon_shard',
-                                              'scalar_lr')})
+        chosen.update({k: config[k] for k in muon.SETTINGS})
     return chosen
 
 
 def check_prompt(prompt, meta, vocab_size):
     """sample_prompt must encode in the dataset's tokenizer, into ids the model has: now, not at the first
     sample, after hours of training."""
-    from gpt.data.tokenizer import get_tokenizer
     try:
         ids = get_tokenizer(dict(meta) if meta else None).encode(prompt)
     except (KeyError, ValueError, UserError) as e:
@@ -281,38 +311,15 @@ def check_prompt(prompt, meta, vocab_size):
                         f"id {max(ids)}, beyond the model's {vocab_size}") + ": give a prompt of the dataset's text")
 
 
-# What a resumed run may change, and what it may not: every train.py setting is in one of these groups
-# (tests/test_resume.py checks that, and resumes with each one changed). The model's fields follow their
-# kind, said on GPTConfig's fields: architecture and initialisation are the checkpoint's (refused above, in
-# model_config), runtime ones (dropout, the loss's chunking) are the run's.
-RESUME_REFUSED = {
-    'optimizer': "its state (moments, Muon's momentum) is that optimizer's",
-    'seed': "the run's random streams (data windows, dropout) go on from the checkpoint",
-    'scalar_lr': "the optimizer's state is grouped by it (the learned scalars in a group of their own or not)",
-}
-# the next step trains with the new value: a learning rate, a schedule, the batch, the data
-RESUME_TRAINING = ('learning_rate', 'min_lr', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'muon_lr',
-                   'muon_momentum', 'muon_weight_decay', 'decay_lr', 'lr_schedule', 'warmup_iters', 'warmup_tokens',
-                   'lr_decay_iters', 'lr_decay_tokens', 'lr_decay_frac', 'max_iters', 'max_tokens', 'batch_size',
-                   'gradient_accumulation_steps', 'total_batch_size', 'dataset', 'data_dir', 'dtype', 'dropout')
-# how the run is carried out, evaluated, logged and saved: the same training, whatever their values
-RESUME_RUN = ('out_dir', 'eval_interval', 'log_interval', 'eval_iters', 'eval_only', 'always_save_checkpoint',
-              'checkpoint_interval', 'keep_checkpoints', 'ckpt_every_tokens', 'hellaswag_interval', 'sample_interval',
-              'num_samples_train', 'sample_prompt', 'sample_max_tokens', 'sample_top_p', 'init_from', 'wandb_log',
-              'wandb_project', 'wandb_run_name', 'dashboard', 'dashboard_port', 'max_nonfinite_steps', 'parallelism',
-              'activation_checkpointing', 'device', 'init_device', 'compile', 'cuda_graph', 'cudnn_attention',
-              'fused_loss', 'fused_qk',
-              'muon_shard', *distributed.OPTIONS)
-
-
 def check_resume(config, given, src):
-    """A resumed run that changes what it cannot (RESUME_REFUSED) is refused in one line."""
+    """A resumed run that changes a setting its checkpoint's run decided (one declared kept(why)) is refused
+    in one line. The model's own fields are model_config's."""
     if src.kind != 'resume' or not src.run_config:
         return
     theirs = dict(src.run_config)
     theirs.setdefault('optimizer', 'muon' if theirs.get('muon_lr') else 'adamw')  # before the setting existed
     theirs.setdefault('scalar_lr', 0.0)
-    for key, why in RESUME_REFUSED.items():
+    for key, why in settings.resume_groups(config.declared)['kept'].items():
         if key in theirs and config[key] != theirs[key]:
             raise UserError(f"{src.name} was trained with {key}={theirs[key]!r} and a resumed run keeps it ({why}), "
                             f"but this one has {key}={config[key]!r}: resume with --{key}={theirs[key]!r} (or the "
@@ -390,22 +397,21 @@ def refuse_ignored_initialisation(config, given, src):
                         "model with --init_from=scratch")
 
 
-def build_model(plan, src, seed):
+def build_model(plan, src):
     """The plan's model: new (the same initial weights on every rank: FSDP has no broadcast), the checkpoint's
     weights (a sharded checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained
     ones, downloaded here for a GPT-2 name and cropped to the plan's block_size. Built on the CPU, or with
     init_device='device' on the plan's device (init_model)."""
-    from gpt import checkpoint
     device = plan.device if plan.settings.get('init_device') == 'device' else 'cpu'
     if src.kind == 'scratch':
-        model = init_model(plan.model, seed, device)
+        model = init_model(plan.model, plan.seed, device)
     elif src.kind == 'resume':
         model = init_model(plan.model, None, device)  # its weights are the checkpoint's, its random state too
         if not src.checkpoint['sharded']:
             checkpoint.load_weights(model, src.checkpoint['model'], src.name)
     else:
         args, weights = (src.model_args, src.weights) if src.weights is not None else \
-            checkpoint.pretrained_weights(src.name)
+            hf.load_pretrained(src.name)
         full = {**plan.model, 'block_size': args['block_size']}
         mismatch = [k for k in GPTConfig.fields_of(ARCHITECTURE)
                     if k != 'block_size' and args.get(k, full[k]) != full[k]]
@@ -426,9 +432,6 @@ def init_model(model_config, seed=None, device='cpu'):
     GPU they take milliseconds, from its own generator: other weights for the same seed, the same distributions
     (and GPUs of other models may draw differently, which FSDP, having no broadcast, would notice). The random
     state outside is left as it was whenever a seed is given."""
-    from contextlib import nullcontext
-
-    from model import GPT
     device = torch.device(device)
     on_device = device.type != 'cpu'
     # device_type is always named: torch 2.11 raises on None (2.13 reads None as the current accelerator); with

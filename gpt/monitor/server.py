@@ -25,9 +25,18 @@ import threading
 import time
 import urllib.parse
 
+from gpt.config.settings import PORT, Setting
 from gpt.monitor.trainlog import LOG_NAME
 from gpt.runtime.errors import UserError
 
+# train.py's settings for the live page of its own run, set like train.py's own (gpt/config/settings.py)
+SETTINGS = dict(
+    dashboard=Setting(unused=lambda c: c.get('eval_only', False) and "eval_only writes no log for the page to show",
+                      default=False, doc="serve a live page of the run's log on 127.0.0.1 (dashboard.py serves one "
+                      "for any run)"),
+    dashboard_port=Setting(PORT, unused=lambda c: not c['dashboard'] and "dashboard=False serves no dashboard",
+                           default=8000, doc="its port (0: any free port)"),
+)
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_static")
 FILES = {  # path -> (file in dashboard_static, content type)
     "/": ("index.html", "text/html; charset=utf-8"),

@@ -12,6 +12,7 @@ OPTIMIZERS = {
     'adamw': "AdamW for every parameter (nanoGPT's)",
     'muon': "Muon for the transformer blocks' matrices, AdamW for the rest (gpt/optim/muon.py)",
 }
+KEPT = "its state (moments, Muon's momentum) is that optimizer's"  # why a resumed run keeps `optimizer`
 
 
 def check(name, parallelism):

@@ -35,6 +35,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from gpt.config.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting, kept
 from gpt.optim.adamw import AdamW, WithoutDynamo
 from gpt.runtime.errors import UserError
 
@@ -42,16 +43,27 @@ from gpt.runtime.errors import UserError
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-# train.py's settings for Muon (optimizer='muon'), with their defaults (the configurator sets them like train.py's
-# own)
-OPTIONS = dict(
-    muon_lr=0.02,  # optimizer='muon': the blocks' matrices' rate (scheduled like learning_rate; KellerJordan/Muon's)
-    muon_momentum=0.95,  # Nesterov momentum, as modded-nanogpt
-    muon_weight_decay=0.0,  # decoupled weight decay of the Muon matrices
-    muon_shard=True,  # under DDP each rank orthogonalizes its share of the matrices, then all-gathers
-    # AdamW's rate for the model's learned scalars (the value-embedding and skip weights), scheduled like
-    # learning_rate; 0: learning_rate itself. modded-nanogpt trains its scalars at 0.04, its head at 0.008
-    scalar_lr=0.0,
+def _without_muon(c):
+    return c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
+
+
+def _no_learned_scalars(c):
+    return _without_muon(c) or (c['init_from'] == 'scratch' and not c['value_embeds'] and not c['skip_connections']
+                                and "the model has no learned scalars (value_embeds, skip_connections)")
+
+
+# train.py's settings for Muon (optimizer='muon'), set like train.py's own (gpt/config/settings.py)
+SETTINGS = dict(
+    muon_lr=Setting((lambda v: v > 0, "positive (for AdamW alone: --optimizer=adamw)"), TRAINING, _without_muon,
+                    0.02, "the blocks' matrices' rate, scheduled like learning_rate (KellerJordan/Muon's)"),
+    muon_momentum=Setting(FRACTION, TRAINING, _without_muon, 0.95, "Nesterov momentum, as modded-nanogpt"),
+    muon_weight_decay=Setting(NOT_NEGATIVE, TRAINING, _without_muon, 0.0, "decoupled weight decay of the matrices"),
+    muon_shard=Setting((), RUN, _without_muon, True, "under DDP each rank orthogonalizes its share of the "
+                       "matrices, then all-gathers"),
+    scalar_lr=Setting((lambda v: v >= 0, "0 (learning_rate's) or more"),
+                      kept("the optimizer's state is grouped by it (the learned scalars in a group of their own or "
+                           "not)"), _no_learned_scalars, 0.0,
+                      "AdamW's rate for the learned scalars (value-embedding and skip weights); 0: learning_rate"),
 )
 
 

@@ -15,24 +15,29 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gpt.config.settings import POSITIVE, Setting
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 
-# train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, with their defaults (the
-# configurator sets them like train.py's own; docs/scaling.md measures them)
-# (the defaults are the fastest measured: docs/scaling.md's table)
-OPTIONS = dict(
-    ddp_reduce_dtype='float32',  # gradients summed over the GPUs in 'float32' (exact) or 'bfloat16' (half the bytes)
-    ddp_bucket_mb=100.0,  # DDP's bucket_cap_mb: a bucket's all-reduce starts once the backward has filled it
-    ddp_bucket_view=True,  # DDP's gradient_as_bucket_view: gradients are views into the buckets (no copies)
-    ddp_static_graph=True,  # DDP's static_graph, where the model allows it (wrap() checks: static_graph_problem)
-    fsdp_reshard_after_forward=True,  # fsdp: False keeps gathered weights through a step: faster, more memory
-    # with compile: 'model' compiles the whole model (one graph, nanoGPT's); 'blocks' compiles each transformer
-    # block on its own (PyTorch's regional compilation): the blocks share their code, so dynamo traces and
-    # inductor compiles one block once and every block reuses it, a fraction of the cold start; embeddings,
-    # final norm, head and loss run eagerly. fsdp always compiles by block.
-    compile_scope='model',
-    backend='',  # '' picks nccl on GPUs and gloo on CPUs
-    dist_timeout_minutes=10,  # how long a collective waits for a missing rank before the whole run fails
+# train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, set like train.py's own
+# (gpt/config/settings.py); the defaults are the fastest of docs/scaling.md's table
+SETTINGS = dict(
+    ddp_reduce_dtype=Setting(default='float32', doc="gradients summed over the GPUs in 'float32' (exact) or "
+                             "'bfloat16' (half the bytes)"),
+    ddp_bucket_mb=Setting(POSITIVE, default=100.0, doc="DDP's bucket_cap_mb: a bucket's all-reduce starts once the "
+                          "backward has filled it"),
+    ddp_bucket_view=Setting(default=True, doc="DDP's gradient_as_bucket_view: gradients are views into the buckets"),
+    ddp_static_graph=Setting(default=True, doc="DDP's static_graph, where the model allows it"),
+    fsdp_reshard_after_forward=Setting(default=True, doc="fsdp: False keeps gathered weights through a step: "
+                                       "faster, more memory"),
+    # 'blocks' is PyTorch's regional compilation: the blocks share their code, so dynamo traces and inductor
+    # compiles one block once and every block reuses it; embeddings, final norm, head and loss run eagerly
+    compile_scope=Setting((lambda v: v in COMPILE_SCOPES, "'model' or 'blocks' (gpt/runtime/distributed.py)"),
+                          unused=lambda c: not c['compile'] and "compile=False compiles nothing", default='model',
+                          doc="with compile: 'model' (one graph, nanoGPT's) or 'blocks' (each block on its own: a "
+                          "fraction of the cold start); fsdp always compiles by block"),
+    backend=Setting(default='', doc="'' picks nccl on GPUs and gloo on CPUs"),
+    dist_timeout_minutes=Setting(POSITIVE, default=10, doc="how long a collective waits for a missing rank before "
+                                 "the whole run fails"),
 )
 COMPILE_SCOPES = ('model', 'blocks')
 PARALLELISMS = ('ddp', 'fsdp')
@@ -57,7 +62,7 @@ def check(parallelism, options, compile, torchrun):
 
 
 def wrap_args(options):
-    """wrap()'s keyword arguments from OPTIONS-style settings."""
+    """wrap()'s keyword arguments from the run's settings."""
     return dict(reduce_dtype=options['ddp_reduce_dtype'], bucket_mb=options['ddp_bucket_mb'],
                 bucket_view=options['ddp_bucket_view'], static_graph=options['ddp_static_graph'],
                 reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'])
@@ -155,7 +160,7 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
     bf16 weights fit a GPU whole, as GPT-2 124M's do).
     compile_scope: 'model' (torch.compile of the whole model) or 'blocks' (each block compiled in place, one
-    compiled code for all of them: see OPTIONS)."""
+    compiled code for all of them: see SETTINGS)."""
     check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb),
           compile, dist.is_available() and dist.is_initialized())  # the plan has checked them: callers of their own
     if parallelism == "ddp":

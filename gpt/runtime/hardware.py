@@ -12,6 +12,9 @@ from gpt.runtime.errors import UserError
 
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
+# train.py's init_device: where a new model's weights are drawn (gpt/config/plan.py's init_model says why)
+INIT_DEVICES = (lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' (drawn on the "
+                "run's device: faster on a GPU, other weights for the seed)")
 PEAK_FLOPS = [
     ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
     ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12),

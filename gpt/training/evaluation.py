@@ -89,3 +89,8 @@ def full_split_loss(model, path, block_size, batch_size, device, ctx, dtype="uin
         total += loss.double() * xy[:, 1:].numel()
     model.train(was_training)
     return total.item() / n
+
+
+def no_samples(c):
+    """When train.py's sample settings do nothing."""
+    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"

@@ -191,3 +191,48 @@ def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_i
                samples=every(sample_interval) and (iter_num > 0 or eval_only),  # step 0's weights are untrained
                checkpoint=every(checkpoint_interval) and checkpoint_interval > 0,
                tokens=tokens if crossing else 0, last=last)
+
+
+# train.py's declarations of the schedule's settings: the values that make sense, and when one does nothing
+CHECKPOINT_INTERVAL = (lambda v: v >= -1, "-1 (never), 0 (at evaluations) or a number of steps")
+DECAY_FRAC = (lambda v: 0 < v <= 1, "above 0 and at most 1 (the fraction of the run 'wsd' decays over)")
+
+
+def in_effect(c):
+    """The schedule a run's settings give: 'none' with decay_lr=False (nanoGPT's constant rate)."""
+    return c['lr_schedule'] if c['decay_lr'] else 'none'
+
+
+def no_warmup(c):
+    return in_effect(c) == 'none' and ("decay_lr=False is nanoGPT's constant learning_rate without warm-up "
+                                       "(lr_schedule='constant' warms up, then stays)")
+
+
+def no_decay_iters(c):
+    sched = in_effect(c)
+    return sched in ('constant', 'wsd', 'none') and (
+        f"only lr_schedule='cosine' decays over lr_decay_iters (this run: "
+        f"{'decay_lr=False' if sched == 'none' else repr(sched)}"
+        f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})")
+
+
+def no_decay_frac(c):
+    return in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
+
+
+def no_min_lr(c):
+    return in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
+
+
+def no_schedule(c):
+    return in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
+
+
+def batch_in_tokens(c):
+    return c['total_batch_size'] > 0 and (f"total_batch_size={c['total_batch_size']:,} sets the batch; the "
+                                          f"micro-steps follow from it and batch_size")
+
+
+def never_saves(c):
+    return c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0 and \
+        "checkpoint_interval=-1 saves no checkpoints"
