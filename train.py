@@ -33,7 +33,6 @@ from gpt.config.settings import (
     FRACTION,
     MODEL,
     NOT_NEGATIVE,
-    NUCLEUS,
     POSITIVE,
     SEED,
     TRAINING,
@@ -44,7 +43,7 @@ from gpt.config.settings import (
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import get_tokenizer
 from gpt.monitor import server
-from gpt.monitor.trainlog import Startup, TrainLog, start_wandb, step_line
+from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
 from gpt.optim import muon
 from gpt.runtime import distributed, hardware
 from gpt.runtime.signals import StopRequest
@@ -67,12 +66,6 @@ always_save_checkpoint: Setting() = True  # if True, always save a checkpoint af
 checkpoint_interval: Setting(schedule.CHECKPOINT_INTERVAL) = 0  # save every N steps (0: at evaluations; -1: never)
 keep_checkpoints: Setting(NOT_NEGATIVE, unused=schedule.never_saves) = 0  # keep the last N as ckpt-<iter>.pt
 ckpt_every_tokens: Setting(NOT_NEGATIVE) = 0  # keep ckpt-tok<tokens>-val<loss>.pt each N tokens (0: off)
-hellaswag_interval: Setting(NOT_NEGATIVE) = 0  # HellaSwag accuracy every N steps and at the end (0: off)
-sample_interval: Setting(NOT_NEGATIVE) = 0  # print samples every N steps and at the end (0: off)
-num_samples_train: Setting(POSITIVE, unused=evaluation.no_samples) = 4  # samples each time
-sample_prompt: Setting(unused=evaluation.no_samples) = "Hello, I'm a language model,"  # what the samples continue
-sample_max_tokens: Setting(POSITIVE, unused=evaluation.no_samples) = 32  # or fewer, to the end-of-text token
-sample_top_p: Setting(NUCLEUS, unused=evaluation.no_samples) = 1.0  # nucleus sampling (e.g. 0.9); 1.0: off
 init_from: Setting() = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log: Setting() = False  # every row of log.jsonl to Weights & Biases too
@@ -123,14 +116,13 @@ cuda_graph: Setting() = False  # True: replay the whole training step from a CUD
 cudnn_attention: Setting() = True  # False: never cuDNN's attention kernel (flash instead): a shorter cold start
 seed: Setting(SEED, kept("the run's random streams go on from the checkpoint")) = 1337  # weights, data, dropout
 # -----------------------------------------------------------------------------
-# the settings of the model's other switches, Muon, DDP/FSDP2 and the dashboard are declared with their code
-config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), muon.SETTINGS, distributed.SETTINGS,
-                            server.SETTINGS)
+# the settings of the model's other switches, Muon, in-training samples and HellaSwag, DDP/FSDP2 and the
+# dashboard are declared with their code
+config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), muon.SETTINGS, evaluation.SETTINGS,
+                            distributed.SETTINGS, server.SETTINGS)
 # -----------------------------------------------------------------------------
-# The run is decided before anything is touched: the settings, the machine (torchrun's processes), the data
-# and the weights it starts from make one frozen plan (gpt/config/plan.py), every check that can fail runs, and
-# from here on the script reads the run from the plan (run.X: the settings as the run uses them and what was
-# derived from them). Only then is out_dir claimed, are weights downloaded and the model built.
+# The run is decided before anything is touched (gpt/config/plan.py): every check that can fail runs, and from
+# here on the script reads the run from the plan: run.X, each setting as the run uses it and what follows from it
 run, source = plan.make(config)
 startup.part('plan')
 distributed.init_process(run.device, run.backend, run.dist_timeout_minutes)  # torchrun: join the group
@@ -154,9 +146,8 @@ if run.master:
     if not run.writes:
         print(f"eval_only: the losses are printed; nothing is written to {run.out_dir}")
     print(f"tokens per iteration will be: {run.tokens_per_iter:,}")
-dashboard = None
-if run.dashboard and run.master and run.writes:  # the port is taken now: one in use is refused here
-    dashboard = server.make_server(run.out_dir, run.dashboard_port, training=True)
+serve = run.dashboard and run.writes and run.master  # the port is taken now: one in use is refused here
+dashboard = server.make_server(run.out_dir, run.dashboard_port, training=True) if serve else None
 
 # -----------------------------------------------------------------------------
 # side effects, now that nothing can be refused: out_dir claimed (an earlier run's files moved aside), downloads
@@ -194,19 +185,16 @@ opt = optim.build(raw_model, run.optimizer, run.device_type)
 log = TrainLog(run.out_dir, enabled=run.master and run.writes)
 state = checkpoint.restore(source.checkpoint, model, opt, scaler, train_loader, log, run.rank, run.world_size)
 saver = checkpoint.Saver(run.out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, ownership
-iter_num, best_val_loss, skipped_steps = state['iter_num'], state['best_val_loss'], state['skipped_steps']
+iter_num, best_val_loss = state['iter_num'], state['best_val_loss']
+nonfinite = step.NonFinite(run.max_nonfinite_steps, state['skipped_steps'])  # updates skipped for a NaN/inf
 if iter_num >= run.max_iters and not run.eval_only:
     print(f"nothing to train: the checkpoint is at step {iter_num:,}, max_iters={run.max_iters:,} (raise --max_iters "
           f"or --max_tokens to train on)")
 source = None  # free up memory (a checkpoint's tensors)
 
 # the whole training step as one CUDA graph (gpt/training/stepgraph.py), where the plan says it can be
-step_graph = None
-if run.cuda_graph:
-    # eager steps before the capture set up cuBLAS and the optimizer's state: one does it uncompiled; a compiled
-    # model may recompile on its next calls, so 3 there, as torch's CUDA graph docs do
-    step_graph = stepgraph.StepGraph(model, opt, ctx, run.grad_clip, run.micro_steps, run.micro_batch,
-                                     run.block_size, run.device, scaler=scaler, warmups=3 if run.compile else 1)
+step_graph = stepgraph.StepGraph(model, opt, ctx, run.grad_clip, run.micro_steps, run.micro_batch, run.block_size,
+                                 run.device, scaler=scaler, warmups=3 if run.compile else 1) if run.cuda_graph else None
 startup.part('optimizer and state')
 
 
@@ -223,7 +211,7 @@ def save(name=None):
                       tokens=run.tokens_at(iter_num), best_val_loss=best_val_loss, config=dict(run.settings),
                       scaler=scaler.state_dict(), train_loader=train_loader.state_dict(),
                       dataset_meta=dict(run.meta) if run.meta else None, log_position=log.position(),
-                      elapsed=elapsed(), skipped_steps=skipped_steps, wandb_run_id=state['wandb_run_id'],
+                      elapsed=elapsed(), skipped_steps=nonfinite.skipped, wandb_run_id=state['wandb_run_id'],
                       plan=run.record())
 
 
@@ -245,24 +233,8 @@ def evaluate(due):
     return row
 
 
-def print_samples():
-    """Samples of sample_prompt. The master alone samples, except under fsdp, where every rank must take
-    part in each forward pass (they draw the same tokens)."""
-    texts = evaluation.draw_samples(raw_model, tokenizer, tokenizer.encode(run.sample_prompt), run.num_samples_train,
-                                    run.sample_max_tokens, ctx, run.device, run.seed + iter_num, top_p=run.sample_top_p)
-    for text in texts if run.master else []:
-        print(f"sample {iter_num}: {text!r}")
-    log.write(kind='sample', step=iter_num, tokens=run.tokens_at(iter_num), time=elapsed(), samples=texts)
-
-
-def best():
-    """The best val loss of the run, None before its first evaluation."""
-    return best_val_loss if best_val_loss < 1e9 else None
-
-
 def micro_batches():
-    """This step's micro-batches. The loop always holds the next batch: each is read (and copied to the GPU,
-    asynchronously) while the GPU still runs the work before it."""
+    """This step's micro-batches, each read (and copied to the GPU) while the GPU runs the one before it."""
     global X, Y
     for _ in range(run.micro_steps):
         batch = X, Y
@@ -299,8 +271,7 @@ stop = StopRequest()  # SIGTERM / SIGINT / SIGHUP: finish the step, checkpoint, 
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
 local_iter_num = 0  # number of iterations in the lifetime of this process
-running_mfu = -1.0
-nonfinite_in_a_row = 0
+meter = step.StepMeter(log, raw_model, run)  # the step line and log row
 while True:
 
     # determine and set the learning rate for this iteration
@@ -321,8 +292,13 @@ while True:
     best_val_loss = min(best_val_loss, row.get('val_loss', best_val_loss))
     for name in saves:
         save(name)
-    if due.samples and (run.master or run.sharded):
-        print_samples()
+    if due.samples and (run.master or run.sharded):  # under fsdp every rank takes part in each forward pass
+        texts = evaluation.draw_samples(raw_model, tokenizer, tokenizer.encode(run.sample_prompt),
+                                        run.num_samples_train, run.sample_max_tokens, ctx, run.device,
+                                        run.seed + iter_num, top_p=run.sample_top_p)
+        for text in texts if run.master else []:
+            print(f"sample {iter_num}: {text!r}")
+        log.write(kind='sample', step=iter_num, tokens=run.tokens_at(iter_num), time=elapsed(), samples=texts)
     if run.eval_only or due.last:
         break
 
@@ -339,18 +315,7 @@ while True:
         loss_sum, grad_norm = step.train_step(model, opt, scaler, micro_batches(), run.micro_steps, ctx,
                                               run.grad_clip)
     grad_norm = float(grad_norm)  # the same on every rank
-    if math.isfinite(grad_norm):
-        nonfinite_in_a_row = 0
-    else:
-        skipped_steps += 1
-        nonfinite_in_a_row += 1
-        if run.master:
-            print(f"iter {iter_num}: non-finite gradient norm, update skipped ({nonfinite_in_a_row} in a row)")
-        if nonfinite_in_a_row >= run.max_nonfinite_steps:
-            raise errors.UserError(
-                f"stopping: {nonfinite_in_a_row} steps in a row had a non-finite loss or gradient "
-                f"(max_nonfinite_steps={run.max_nonfinite_steps}); {saver.last_good()}. "
-                f"Try a lower learning_rate, dtype=bfloat16, or check the data")
+    nonfinite.check(grad_norm, iter_num, saver.last_good, run.master)
 
     # timing and logging
     t1 = time.time()
@@ -359,17 +324,7 @@ while True:
     # the loss of the whole batch, every rank's micro-steps (a CPU-GPU sync point, so only when logging)
     lossf = evaluation.all_ranks_mean(float(loss_sum), run.device) if iter_num % run.log_interval == 0 else None
     if iter_num % run.log_interval == 0 and run.master:
-        if local_iter_num >= 5:  # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(run.micro_batch * run.micro_steps, dt, hardware.peak_flops(run.device))
-            if mfu is not None:
-                running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
-        mem = torch.cuda.max_memory_allocated(run.device) / 2**30 if run.device_type == 'cuda' else None  # peak
-        percent = 100 * (iter_num + 1) / max(run.max_iters, 1)  # of the run, once this step is done
-        tokens = run.tokens_at(iter_num + 1)
-        print(step_line(iter_num, lossf, lr, grad_norm, dt, run.tokens_per_iter, running_mfu, mem, tokens, percent))
-        log.write(kind='train', step=iter_num, tokens=tokens, time=elapsed(), percent=percent, loss=lossf, lr=lr,
-                  grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=run.tokens_per_iter / dt,
-                  mfu=running_mfu if running_mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
+        meter.step(iter_num, local_iter_num, lossf, lr, grad_norm, dt, nonfinite.skipped, elapsed())
     if local_iter_num == 0 and run.master:  # a config far too big for this device: say so at once
         hardware.warn_if_slow(time.time() - step_start, run.max_iters - iter_num - 1, run.device_type)
     iter_num += 1
@@ -379,7 +334,7 @@ while True:
     if stop.requested(run.device):
         saved = save()
         log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(),
-                time.time() - _launch_time, stopped=True, best_val_loss=best(),
+                time.time() - _launch_time, stopped=True, best_val_loss=best_val_loss if best_val_loss < 1e9 else None,
                 checkpoint=saver.good[0] if saved else None)
         if run.master:  # a skipped or failed save must not be taken for one that can be resumed
             print(f"stopped at iteration {iter_num}; " + (
@@ -389,7 +344,7 @@ while True:
         sys.exit(stop.exit_code)
 
 log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
-        best_val_loss=best(), checkpoint=saver.good[0] if saver.good else None,
+        best_val_loss=best_val_loss if best_val_loss < 1e9 else None, checkpoint=saver.good[0] if saver.good else None,
         next_command=f"python sample.py --out_dir={run.out_dir}" if saver.good else None)
 finish()
 saver.check_end()  # a run whose last save failed, or that ended diverged, does not end with status 0

@@ -29,13 +29,15 @@ def test_settings_given_that_do_nothing_are_named():
 
     def notes(given, **values):
         return inert(configurator.Config({**base, **values}, given))
-    assert notes(base.keys()) == [*[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no samples during "
-                                    f"training" for k in ("num_samples_train", "sample_prompt", "sample_max_tokens",
-                                                          "sample_top_p")],
-                                  "lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
+    assert notes(base.keys()) == ["lr_decay_frac=0.2 does nothing here: only lr_schedule='wsd' uses it",
                                   *[f"{k}={base[k]!r} does nothing here: optimizer='adamw' trains without Muon"
                                     for k in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_shard",
                                               "scalar_lr")],
+                                  "sample_prompt='Hi' does nothing here: sample_interval=0 draws no samples during "
+                                  "training", *[f"{k}={base[k]!r} does nothing here: sample_interval=0 draws no "
+                                                f"samples during training" for k in ("sample_max_tokens",
+                                                                                     "sample_top_p",
+                                                                                     "num_samples_train")],
                                   "dashboard_port=8000 does nothing here: dashboard=False serves no dashboard"]
     assert notes(()) == []  # train.py's defaults, given by nobody: nothing to say
     # Muon's rate for learned scalars, on a model without any; with them (or resuming a model that may have

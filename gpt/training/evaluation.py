@@ -8,8 +8,26 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from gpt.config.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 from gpt.data import open_tokens
 from gpt.generation import until_eot
+
+
+def _no_samples(c):
+    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
+
+
+# train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/config/settings.py)
+SETTINGS = dict(
+    sample_interval=Setting(NOT_NEGATIVE, default=0, doc="print samples every N steps and at the end (0: off)"),
+    sample_prompt=Setting(unused=_no_samples, default="Hello, I'm a language model,", doc="what the samples continue"),
+    sample_max_tokens=Setting(POSITIVE, unused=_no_samples, default=32, doc="or fewer, to the end-of-text token"),
+    sample_top_p=Setting(NUCLEUS, unused=_no_samples, default=1.0, doc="nucleus sampling (e.g. 0.9); 1.0: off"),
+    num_samples_train=Setting(POSITIVE, unused=_no_samples, default=4, doc="samples each time"),
+    hellaswag_interval=Setting(NOT_NEGATIVE, default=0, doc="HellaSwag accuracy every N steps and at the end (0: "
+                               "off; the data in $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag)"),
+)
+
 
 EVAL_BAR_DELAY = 3.0  # seconds an evaluation runs before its progress bar appears
 
@@ -89,8 +107,3 @@ def full_split_loss(model, path, block_size, batch_size, device, ctx, dtype="uin
         total += loss.double() * xy[:, 1:].numel()
     model.train(was_training)
     return total.item() / n
-
-
-def no_samples(c):
-    """When train.py's sample settings do nothing."""
-    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"

@@ -11,7 +11,9 @@ import math
 
 import torch
 
-from gpt.runtime import distributed
+from gpt.monitor.trainlog import step_line
+from gpt.runtime import distributed, hardware
+from gpt.runtime.errors import UserError
 
 
 def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
@@ -69,3 +71,47 @@ def set_lr(optimizer, lr):
             group['lr'].fill_(rate)
         else:
             group['lr'] = rate
+
+
+class NonFinite:
+    """Updates skipped for a NaN/inf loss or gradient (train_step skips them on the device): counted, said, and
+    after `limit` in a row the run stops with one line, naming where its last good checkpoint is."""
+
+    def __init__(self, limit, skipped=0):
+        self.limit, self.skipped, self.in_a_row = limit, skipped, 0
+
+    def check(self, grad_norm, iter_num, last_good, master):
+        if math.isfinite(grad_norm):
+            self.in_a_row = 0
+            return
+        self.skipped += 1
+        self.in_a_row += 1
+        if master:
+            print(f"iter {iter_num}: non-finite gradient norm, update skipped ({self.in_a_row} in a row)")
+        if self.in_a_row >= self.limit:
+            raise UserError(f"stopping: {self.in_a_row} steps in a row had a non-finite loss or gradient "
+                            f"(max_nonfinite_steps={self.limit}); {last_good()}. Try a lower learning_rate, "
+                            f"dtype=bfloat16, or check the data")
+
+
+class StepMeter:
+    """A training step's line and log row: its loss, rate and gradient norm, time, throughput, MFU (a running
+    mean, from a launch's 6th step on: the first ones compile and warm up) and peak memory."""
+
+    def __init__(self, log, model, run):
+        self.log, self.model, self.run, self.mfu = log, model, run, -1.0
+        self.peak_flops = hardware.peak_flops(run.device)
+
+    def step(self, iter_num, local_iter_num, loss, lr, grad_norm, dt, skipped_steps, elapsed):
+        run = self.run
+        if local_iter_num >= 5:
+            mfu = self.model.estimate_mfu(run.micro_batch * run.micro_steps, dt, self.peak_flops)
+            if mfu is not None:
+                self.mfu = mfu if self.mfu == -1.0 else 0.9 * self.mfu + 0.1 * mfu
+        mem = torch.cuda.max_memory_allocated(run.device) / 2**30 if run.device_type == 'cuda' else None  # peak
+        percent = 100 * (iter_num + 1) / max(run.max_iters, 1)  # of the run, once this step is done
+        tokens = run.tokens_at(iter_num + 1)
+        print(step_line(iter_num, loss, lr, grad_norm, dt, run.tokens_per_iter, self.mfu, mem, tokens, percent))
+        self.log.write(kind='train', step=iter_num, tokens=tokens, time=elapsed, percent=percent, loss=loss, lr=lr,
+                       grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=run.tokens_per_iter / dt,
+                       mfu=self.mfu if self.mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)

@@ -26,7 +26,9 @@ class StepGraph:
     def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True,
                  scaler=None, warmups=3):
         self.model, self.optimizer, self.ctx, self.graphed = model, optimizer, ctx, graphed
-        self.warmups = warmups  # eager steps before the capture: 1 sets up an uncompiled model, compile needs more
+        # eager steps before the capture set up cuBLAS and the optimizer's state: one does it uncompiled; a
+        # compiled model may recompile on its next calls, so 3 there, as torch's CUDA graph docs do
+        self.warmups = warmups
         self.grad_clip, self.accum = grad_clip, accum
         self.scaler = scaler or torch.amp.GradScaler(torch.device(device).type, enabled=False)
         self.x = torch.zeros((accum, batch_size, block_size), dtype=torch.long, device=device)
