@@ -163,7 +163,7 @@ hardware.attention_kernels(cudnn=run.cudnn_attention)
 ctx = hardware.autocast(run.device_type, run.dtype)
 print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming training from {source.name}",
        'pretrained': f"Initializing from pretrained weights: {run.init_from}"}[run.init])
-model = plan.build_model(run, source)  # downloads GPT-2's weights for init_from=gpt2*
+model = plan.build_model(run, source, run.seed)  # downloads GPT-2's weights for init_from=gpt2*
 model.to(run.device)
 scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16'))  # a no-op but for float16
 

@@ -397,14 +397,14 @@ def refuse_ignored_initialisation(config, given, src):
                         "model with --init_from=scratch")
 
 
-def build_model(plan, src):
+def build_model(plan, src, seed):
     """The plan's model: new (the same initial weights on every rank: FSDP has no broadcast), the checkpoint's
     weights (a sharded checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained
     ones, downloaded here for a GPT-2 name and cropped to the plan's block_size. Built on the CPU, or with
     init_device='device' on the plan's device (init_model)."""
     device = plan.device if plan.settings.get('init_device') == 'device' else 'cpu'
     if src.kind == 'scratch':
-        model = init_model(plan.model, plan.seed, device)
+        model = init_model(plan.model, seed, device)
     elif src.kind == 'resume':
         model = init_model(plan.model, None, device)  # its weights are the checkpoint's, its random state too
         if not src.checkpoint['sharded']:
