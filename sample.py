@@ -33,7 +33,7 @@ stop_at_eot = False  # end each sample at the tokenizer's end-of-text token (<|e
 seed = 1337
 device = 'auto'  # 'auto', 'cpu', 'cuda', 'cuda:0', 'mps'
 dtype = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on GPUs that have it
-compile = False  # compile the one-token decode step: ~10% faster per token, after ~10-20 s of compiling
+compile = False  # compile the one-token decode step: faster per token, after compiling at the first
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
 settings.check_sample(config)
