@@ -6,7 +6,6 @@ References:
 2) huggingface/transformers' PyTorch implementations, whose GPT-2 and Llama weights `from_pretrained` loads
 3) nanoGPT's model.py, whose checkpoints this one reads
 """
-import importlib.util
 import inspect
 import math
 from contextlib import nullcontext
@@ -19,10 +18,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import generation
 from gpt.config.settings import MODEL, NOT_NEGATIVE, POSITIVE, RUN, Setting, at_least, comments
+from gpt.kernels import dispatch
+from gpt.kernels.loss import logits_and_loss
+from gpt.optim import adamw
 from gpt.runtime.errors import UserError
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
 
 
 # Every GPTConfig field is one of three kinds, said here once; resume, export and the transformers bridge read it
@@ -68,20 +69,20 @@ class GPTConfig:
     mlp_act: str = architecture('gelu')  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
     logit_softcap: float = architecture(0.0)  # > 0: logits = cap * tanh(logits / cap), in training and generation
     pos_emb: str = architecture('learned')  # gpt2's positions: 'learned' (GPT-2's wpe table) or 'rope' (rotary)
-    # value embeddings (modded-nanogpt, Dec 2024 records): value_embeds=N > 0 adds N token embedding tables, table i
+    # value embeddings (modded-nanogpt's records): value_embeds=N > 0 adds N token embedding tables, table i
     # mixed into the attention values of layer i and of layer n_layer - N + i (the first N and last N layers; the
     # records' 3 tables over 12 layers). Each such layer learns two scalars: v = l0 * v + l1 * table(token)
     value_embeds: int = architecture(0)  # N value embedding tables for the first and last N layers (0: none)
-    # U-net skips (modded-nanogpt, Nov 2024 record): the output of each block j of the first half is added, times
+    # U-net skips (modded-nanogpt's records): the output of each block j of the first half is added, times
     # a learned scalar (initially 1), to the input of its mirror block n_layer - 1 - j
     skip_connections: bool = architecture(False)  # U-net skips from the first half's blocks to their mirrors
     # the residual projections (c_proj) start at zero instead of GPT-2's small normal init, so every block starts
     # as the identity
     zero_init_proj: bool = initialisation(False)  # residual projections start at zero: each block the identity
     # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
-    # (LinearCrossEntropy; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel,
-    # gpt/kernels/cross_entropy.py), never making the (B, T, vocab) logits and returning none; False (nanoGPT's way):
-    # lm_head, then F.cross_entropy over the full logits
+    # (gpt/kernels/loss.py; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel),
+    # never making the (B, T, vocab) logits and returning none; False (nanoGPT's way): lm_head, then
+    # F.cross_entropy over the full logits
     fused_loss: bool = runtime(False)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
     # True: qk_norm and the rotary embedding (pos_emb='rope', llama) in one Triton kernel each way
@@ -165,7 +166,7 @@ LOSS_ARGS = ('fused_loss', 'loss_chunk')
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1, and we keep nanoGPT's keys)."""
+    """nanoGPT's LayerNorm with an optional bias (bias=False: none), its parameters under nanoGPT's keys."""
 
     def __init__(self, ndim, bias, eps=1e-5):
         super().__init__()
@@ -216,65 +217,6 @@ def apply_rotary(x, cos, sin):
     return (x * cos + rotated * sin).type_as(x)
 
 
-class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits = x @ weight.T (targets of -1 ignored), computed with its gradient a chunk
-    of rows at a time in the forward pass, so only one chunk's logits exist at once. The plain path keeps the
-    bf16 logits, their fp32 copy, the log-softmax and its gradient for all B x T positions: 6.6 GB each for
-    GPT-2 at B=32. Same math as lm_head + F.cross_entropy under autocast: the matmuls in the autocast dtype,
-    the softmax in fp32, the same FLOPs (the backward matmuls just run early)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, targets, chunk, softcap=0.0):
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        w = weight.to(dtype)  # cast once, not once per chunk and matmul
-        valid = targets != -1
-        count = valid.sum().clamp(min=1)
-        loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        grad_x, grad_w = torch.empty_like(x), torch.zeros_like(weight, dtype=torch.float32)
-        # on a GPU, uncompiled: the loss and gradient in one Triton kernel (gpt/kernels/cross_entropy.py), the same math
-        kernel = x.is_cuda and not torch.compiler.is_compiling() and _HAS_TRITON
-        if kernel:
-            from gpt.kernels.cross_entropy import loss_and_grad_  # imports Triton: only where it runs
-        for i in range(0, x.size(0), chunk):
-            xs, ts = x[i:i + chunk].to(dtype), targets[i:i + chunk]
-            logits = xs @ w.t()
-            if kernel:
-                chunk_loss, grad = loss_and_grad_(logits, ts.contiguous(), softcap).sum(), logits  # now the gradient
-            else:
-                chunk_loss, grad = _loss_and_grad(logits, ts, softcap, dtype)
-            loss += chunk_loss
-            grad_x[i:i + chunk] = grad @ w
-            grad_w += (grad.t() @ xs).float()
-        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype), count)
-        return loss / count
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_x, grad_w, count = ctx.saved_tensors
-        scale = grad_loss / count
-        return grad_x * scale.to(grad_x.dtype), grad_w * scale.to(grad_w.dtype), None, None, None
-
-
-def _loss_and_grad(logits, targets, softcap, dtype):
-    """A chunk's summed loss, and its gradient d (summed loss) / d logits in dtype, zero where the target is -1
-    (gpt/kernels/cross_entropy.py's kernel computes the same on a GPU, in one pass)."""
-    logits, valid, ts = logits.float(), targets != -1, targets.clamp(min=0)
-    if softcap:  # logit soft-capping: cap * tanh(z / cap), whose derivative is 1 - tanh^2
-        capped = torch.tanh(logits / softcap)
-        logits = softcap * capped
-    lse = torch.logsumexp(logits, dim=-1)
-    loss = torch.where(valid, lse - logits.gather(1, ts[:, None]).squeeze(1), 0.0).sum()
-    # d loss / d logits = (softmax - one_hot(target)) / count, zero at ignored positions; the 1 / count
-    # waits for the backward, where it cannot underflow in fp16. All elementwise, so that compiled,
-    # one kernel reads the logits and writes their gradient in the matmul dtype, with no fp32 copy
-    one_hot = torch.arange(logits.size(1), device=logits.device) == ts[:, None]
-    grad = (torch.exp(logits - lse[:, None]) - one_hot.float()) * valid[:, None]
-    if softcap:
-        grad = grad * (1 - capped * capped)
-    return loss, grad.to(dtype)
-
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
@@ -303,10 +245,10 @@ class CausalSelfAttention(nn.Module):
         if ve is not None:  # value embeddings: each token's vector from this layer's table, mixed into its value
             v = self.ve_lambdas[0] * v + self.ve_lambdas[1] * ve
         q, k = q.view(B, T, self.n_head, hs), k.view(B, T, self.n_kv_head, hs)
-        if (self.qk_norm or rope is not None) and self.config.fused_qk and q.is_cuda \
-                and not torch.compiler.is_compiling():
-            from gpt.kernels.fused_qk import norm_and_rotate  # imports Triton: only where it runs
-            q, k = norm_and_rotate(q, k, rope, self.norm_eps if self.qk_norm else None)
+        # fused_qk: the Triton kernel where it runs (gpt/kernels/fused_qk.py), the same math as the plain path
+        fused = dispatch.qk_kernel(q) if self.config.fused_qk and (self.qk_norm or rope is not None) else None
+        if fused is not None:
+            q, k = fused(q, k, rope, self.norm_eps if self.qk_norm else None)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
         else:
             # (B, T, nh, hs) -> (B, nh, T, hs)
@@ -318,8 +260,8 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         mask, is_causal, kernels = None, True, nullcontext()
         if cache is not None:
-            # every prompt length is a new shape, for which cuDNN attention builds a new plan (~2 ms of CPU
-            # per call on an H100), so generation leaves it out
+            # every prompt length is a new shape, for which cuDNN attention builds a new plan (CPU time at
+            # every call), so generation leaves it out
             kernels = sdpa_kernel(_SDPA_WITHOUT_CUDNN)
             # the new keys and values by position, (B, T, 2, n_kv_head, hs): without rotary embeddings (and
             # QK-norm, value embeddings) a view of qkv, so the cache takes both in one copy
@@ -472,17 +414,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos += t
         x = self.transformer.ln_f(x)
-        if targets is not None and reduction == "mean" and self.config.fused_loss and torch.is_grad_enabled():
-            # training: the loss and its gradient come a chunk of positions at a time, so the (B, T, vocab)
-            # logits never exist (no logits returned)
-            logits, loss = None, LinearCrossEntropy.apply(x.view(b * t, -1), self.lm_head.weight, targets.reshape(-1),
-                                                          self.config.loss_chunk, self.config.logit_softcap)
-        elif targets is not None:
-            logits = self.head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                                   reduction=reduction)
-            if reduction == "none":
-                loss = loss.view(b, t)
+        if targets is not None:
+            logits, loss = logits_and_loss(self, x, targets, reduction)  # gpt/kernels/loss.py: plain or fused
         else:
             logits = self.head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
             # list index [-1], copies nothing from the CPU, which a CUDA graph capture refuses)
@@ -534,23 +467,7 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """nanoGPT's AdamW (train.py's optimizer='adamw'; gpt/optim/__init__.py builds the others)."""
-        # every weight matrix and embedding decays; biases and norm gains do not
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay_params = [p for p in params if p.dim() >= 2]
-        nodecay_params = [p for p in params if p.dim() < 2]
-        optim_groups = [
-            {"params": decay_params, "weight_decay": weight_decay},
-            {"params": nodecay_params, "weight_decay": 0.0},
-        ]
-        n_decay, n_nodecay = sum(p.numel() for p in decay_params), sum(p.numel() for p in nodecay_params)
-        print(f"num decayed parameter tensors: {len(decay_params)}, with {n_decay:,} parameters")
-        print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
-        # the fused kernel is much faster where it exists
-        use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
-        from gpt.optim.adamw import AdamW  # torch's, without importing torch._dynamo (seconds of start-up)
-        optimizer = AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
-        print(f"using fused AdamW: {use_fused}")
-        return optimizer
+        return adamw.configure(self, weight_decay, learning_rate, betas, device_type)
 
     def flops_per_token(self):
         """Training FLOPs per token (forward + backward), PaLM paper Appendix B."""
@@ -571,59 +488,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
                  vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
-        """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
-        top_p < 1 samples from the smallest set of likeliest tokens whose probabilities reach top_p (nucleus
-        sampling, after top_k); vocab_limit keeps ids below the tokenizer's size when the model's vocabulary
-        is padded; progress (if given) is called after each new token. With eot (an end-of-text id) each
-        sequence stops at its first new eot: its later positions hold eot, and generation ends early once
-        every sequence has stopped (checked every 8 tokens, a wait for the GPU each time). With the KV cache
-        (generation.py) the prompt runs once and each new token costs one position, a CUDA graph replay on
-        CUDA (cuda_graphs=False: run the step eagerly there too; compile_step=True: torch.compile it first,
-        ~10% faster a token after ~10-20 s); use_cache=False recomputes the whole sequence for every token,
-        the reference the cache must match. Once a sequence outgrows block_size it is cropped to the last
-        block_size tokens and recomputed, with or without the cache."""
-        block_size, decoder = self.config.block_size, None
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        done = None if eot is None else torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
-        if use_cache and idx.size(1) < block_size:
-            # a multiple of 64 (rows aligned for the attention kernels, fewer shapes to capture), yet no
-            # bigger than this generation needs: a model from transformers may have a huge block_size
-            capacity = min(block_size, -(-(idx.size(1) + max_new_tokens) // 64) * 64)
-            decoder = generation.decoder(self, idx.size(0), capacity, idx.device, cuda_graphs, compile_step)
-        for i in range(max_new_tokens):
-            if idx.size(1) > block_size:
-                # the window slides, so every position's embedding changes: recompute from scratch
-                logits = self(idx[:, -block_size:])[0][:, -1]
-            elif decoder is not None:
-                logits = decoder.prefill(self, idx) if i == 0 else decoder.step(self, idx[:, -1:])
-            else:
-                logits = self(idx)[0][:, -1]
-            logits = logits[:, :vocab_limit]
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    # the k-th largest logit: unsorted top-k and its min (sorting the k costs more)
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)), sorted=False)
-                    # masked_fill, not logits[mask] = ...: boolean indexing may wait for the GPU
-                    logits = logits.masked_fill(logits < v.min(dim=-1, keepdim=True).values, -float("Inf"))
-                if top_p is not None and top_p < 1:
-                    logits = generation.top_p_filter(logits, top_p)
-                probs = F.softmax(logits.float(), dim=-1)
-                # torch.multinomial's own draw for one sample (argmax of probs / Exponential(1) noise), the
-                # same tokens from the same generator, without its input checks: on CUDA three reductions
-                # and an assert, ~25 us of a ~1 ms token at batch 1
-                noise = torch.empty_like(probs).exponential_(1, generator=generator)
-                idx_next = (probs / noise).argmax(dim=-1, keepdim=True)
-            if done is not None:
-                idx_next = idx_next.masked_fill(done, eot)  # a stopped sequence stays stopped
-                done = done | (idx_next == eot)
-            idx = torch.cat((idx, idx_next), dim=1)
-            if progress is not None:
-                progress()
-            if done is not None and i % 8 == 7 and bool(done.all()):
-                # all stopped: the rest would be eot, which the caller cuts off anyway
-                return torch.cat((idx, idx.new_full((idx.size(0), max_new_tokens - 1 - i), eot)), dim=1)
-        return idx
+        """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy), with the KV
+        cache unless use_cache=False: gpt/generation.py's generate, which says what each argument does."""
+        return generation.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, generator, vocab_limit,
+                                   progress, top_p, eot, cuda_graphs, compile_step)

@@ -1,18 +1,20 @@
 """
 Fast generation: a key/value cache of fixed shape, and the one-token decode step that runs on it, which
-on CUDA is captured once as a CUDA graph and replayed for every token. GPT.generate uses them.
+on CUDA is captured once as a CUDA graph and replayed for every token; and generate(), the decoding loop with
+its sampling, which GPT.generate (nanoGPT's method) calls.
 
 Why a graph: a GPT-2 124M step is ~200 small kernels. At batch 1 the GPU runs each faster than Python
-and PyTorch can launch the next, so eager decoding is bound by the CPU (224 tok/s on an H100, whatever
-the GPU). A graph launches the whole step at once. Capturing one needs fixed shapes and addresses and no
+and PyTorch can launch the next, so eager decoding is bound by the CPU, whatever the GPU
+(docs/benchmarks.md). A graph launches the whole step at once. Capturing one needs fixed shapes and addresses and no
 value read back on the CPU: hence the preallocated cache, the position as a tensor on the device, and
 attention over the cache's whole capacity with a mask, instead of keys that grow by one every token.
 
-How the step runs is the caller's choice, passed down from GPT.generate to decoder(): cuda_graphs=False runs
+How the step runs is the caller's choice, passed down from generate() to decoder(): cuda_graphs=False runs
 it eagerly on CUDA too (to compare, or to debug), compile_step=True compiles it first (sample.py's compile).
 The only state kept between calls is a cache: the graphed Decoder on the model, keyed by all it captured.
 """
 import torch
+from torch.nn import functional as F
 
 
 class KVCache:
@@ -84,8 +86,8 @@ class Decoder:
         tensor, overwritten by the next step: read it, do not change it."""
         self.token.copy_(token)
         if self.step_model is None:
-            # compiled for this one shape: fusing the small kernels makes a token ~10% faster, for a compile
-            # of ~10-20 s at the first step (the prompt, whose length varies, runs eagerly)
+            # compiled for this one shape: fusing the small kernels makes a token faster, for a compile at
+            # the first step (the prompt, whose length varies, runs eagerly)
             self.step_model = torch.compile(model, dynamic=False) if self.compiled else model
         if not self.graphed:
             return self.step_model(self.token, cache=self.cache)[0][:, -1]
@@ -135,6 +137,70 @@ def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=
         model._decoder = Decoder(model.config.n_layer, batch_size, capacity, device, graphed=True, key=key,
                                  compiled=compile_step)
     return model._decoder
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
+             vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
+    """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
+    top_p < 1 samples from the smallest set of likeliest tokens whose probabilities reach top_p (nucleus
+    sampling, after top_k); vocab_limit keeps ids below the tokenizer's size when the model's vocabulary
+    is padded; progress (if given) is called after each new token. With eot (an end-of-text id) each
+    sequence stops at its first new eot: its later positions hold eot, and generation ends early once
+    every sequence has stopped (checked every 8 tokens, a wait for the GPU each time). With the KV cache
+    the prompt runs once and each new token costs one position, a CUDA graph replay on CUDA
+    (cuda_graphs=False: run the step eagerly there too; compile_step=True: torch.compile it first, faster
+    a token after a compile at the first); use_cache=False recomputes the whole sequence for every token,
+    the reference the cache must match. Once a sequence outgrows block_size it is cropped to the last
+    block_size tokens and recomputed, with or without the cache."""
+    block_size, steps = model.config.block_size, None
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    done = None if eot is None else torch.zeros(idx.size(0), 1, dtype=torch.bool, device=idx.device)
+    if use_cache and idx.size(1) < block_size:
+        # a multiple of 64 (rows aligned for the attention kernels, fewer shapes to capture), yet no
+        # bigger than this generation needs: a model from transformers may have a huge block_size
+        capacity = min(block_size, -(-(idx.size(1) + max_new_tokens) // 64) * 64)
+        steps = decoder(model, idx.size(0), capacity, idx.device, cuda_graphs, compile_step)
+    for i in range(max_new_tokens):
+        if idx.size(1) > block_size:
+            # the window slides, so every position's embedding changes: recompute from scratch
+            logits = model(idx[:, -block_size:])[0][:, -1]
+        elif steps is not None:
+            logits = steps.prefill(model, idx) if i == 0 else steps.step(model, idx[:, -1:])
+        else:
+            logits = model(idx)[0][:, -1]
+        idx_next = next_token(logits[:, :vocab_limit], temperature, top_k, top_p, generator)
+        if done is not None:
+            idx_next = idx_next.masked_fill(done, eot)  # a stopped sequence stays stopped
+            done = done | (idx_next == eot)
+        idx = torch.cat((idx, idx_next), dim=1)
+        if progress is not None:
+            progress()
+        if done is not None and i % 8 == 7 and bool(done.all()):
+            # all stopped: the rest would be eot, which the caller cuts off anyway
+            return torch.cat((idx, idx.new_full((idx.size(0), max_new_tokens - 1 - i), eot)), dim=1)
+    return idx
+
+
+def next_token(logits, temperature, top_k=None, top_p=None, generator=None):
+    """The next token (B, 1) of each sequence, from its logits (B, vocab): the likeliest at temperature 0,
+    else drawn from softmax(logits / temperature), cut to the top_k tokens, then to the top_p nucleus."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        # the k-th largest logit: unsorted top-k and its min (sorting the k costs more)
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)), sorted=False)
+        # masked_fill, not logits[mask] = ...: boolean indexing may wait for the GPU
+        logits = logits.masked_fill(logits < v.min(dim=-1, keepdim=True).values, -float("Inf"))
+    if top_p is not None and top_p < 1:
+        logits = top_p_filter(logits, top_p)
+    probs = F.softmax(logits.float(), dim=-1)
+    # torch.multinomial's own draw for one sample (argmax of probs / Exponential(1) noise), the same tokens
+    # from the same generator, without its input checks (three reductions and an assert on CUDA, each token)
+    noise = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / noise).argmax(dim=-1, keepdim=True)
 
 
 def top_p_filter(logits, top_p):

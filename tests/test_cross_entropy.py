@@ -1,8 +1,8 @@
 """gpt/kernels/cross_entropy.py: the Triton kernel behind fused_loss on a GPU computes F.cross_entropy's loss and its
 gradient. On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set before the kernel is
-defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this file under torch 2.11's),
-and the test skips where it is not installed. On a GPU the compiled kernel runs inside the model's fused loss
-(pytest -m cuda), against the plain path."""
+defined, so in a fresh process); Triton comes with torch's CUDA builds, and the test skips where it is not
+installed. On a GPU the compiled kernel runs inside the model's fused loss (pytest -m cuda), against the plain
+path."""
 import pytest
 import torch
 from conftest import needs_triton, run_interpreted, same_bf16_training

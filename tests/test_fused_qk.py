@@ -1,8 +1,7 @@
 """gpt/kernels/fused_qk.py: the Triton kernel for qk_norm and the rotary embedding computes what model.py's plain path
 computes, forward and backward. On the CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
-before the kernels are defined, so in a fresh process); Triton comes with torch's CUDA builds (CI runs this
-file under torch 2.11's), and the test skips where it is not installed. On a GPU the compiled kernels run
-inside the model (pytest -m cuda)."""
+before the kernels are defined, so in a fresh process); Triton comes with torch's CUDA builds, and the test
+skips where it is not installed. On a GPU the compiled kernels run inside the model (pytest -m cuda)."""
 import pytest
 import torch
 from conftest import needs_triton, run_interpreted, same_bf16_training

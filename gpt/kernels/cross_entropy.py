@@ -1,11 +1,11 @@
-"""The cross-entropy's loss and its gradient from a chunk of logits, in one Triton kernel: model.py's fused loss
-(fused_loss=True, LinearCrossEntropy) runs it on a CUDA GPU, uncompiled.
+"""The cross-entropy's loss and its gradient from a chunk of logits, in one Triton kernel: the fused loss
+(fused_loss=True, gpt/kernels/loss.py's LinearCrossEntropy) runs it on a CUDA GPU, uncompiled.
 
 Why: uncompiled, the loss over bf16 logits is a log-softmax written in float32, a float32 zero tensor for the
 gradient, the log-softmax's backward and a cast back to bf16: each reads or writes the whole (positions x
-vocabulary) array, and at 16 x 1024 positions of GPT-2's 50,304 tokens that is ~6.5 ms of an H100's step
-(docs/speedrun.md). Here each row is read twice (its log-sum-exp, then its gradient) and its gradient written
-once, over the logits themselves, which nothing needs after the loss.
+vocabulary) array, a large part of a GPT-2 training step (docs/speedrun.md measures it). Here each row is read
+twice (its log-sum-exp, then its gradient) and its gradient written once, over the logits themselves, which
+nothing needs after the loss.
 
 The math is F.cross_entropy's, in float32: lse = log(sum(exp(z))), loss = lse - z[target], and
 d loss / d z = softmax(z) - one_hot(target); rows whose target is -1 are ignored (loss 0, gradient 0). With

@@ -1,5 +1,6 @@
 """
-torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py).
+torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py); configure() makes
+nanoGPT's AdamW of a model, its parameters in decay and no-decay groups.
 
 torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
 torch._disable_dynamo, and each optimizer's step in a wrapper that calls torch._dynamo.graph_break(); both
@@ -37,3 +38,23 @@ class AdamW(WithoutDynamo, torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         return inspect.unwrap(torch.optim.AdamW.step)(self, closure)
+
+
+def configure(model, weight_decay, learning_rate, betas, device_type):
+    """nanoGPT's AdamW of the model's trainable parameters (GPT.configure_optimizers): every weight matrix and
+    embedding decays, biases and norm gains do not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay_params = [p for p in params if p.dim() >= 2]
+    nodecay_params = [p for p in params if p.dim() < 2]
+    optim_groups = [
+        {"params": decay_params, "weight_decay": weight_decay},
+        {"params": nodecay_params, "weight_decay": 0.0},
+    ]
+    n_decay, n_nodecay = sum(p.numel() for p in decay_params), sum(p.numel() for p in nodecay_params)
+    print(f"num decayed parameter tensors: {len(decay_params)}, with {n_decay:,} parameters")
+    print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
+    # the fused kernel is much faster where it exists
+    use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
+    optimizer = AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+    print(f"using fused AdamW: {use_fused}")
+    return optimizer
