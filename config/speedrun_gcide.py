@@ -5,7 +5,7 @@
 # (github.com/KellerJordan/modded-nanogpt) or a paper, i.e. chosen because it has transferred across models
 # and data, not tuned to this dictionary (only the batch and the step count were chosen from runs on it).
 # Any other corpus: --dataset=techdocs (data/techdocs), measured there too.
-# scripts/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
+# dev/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
 out_dir = 'out-speedrun'
 dataset = 'gcide'
 
@@ -71,7 +71,7 @@ max_iters = 190
 warmup_iters = 32
 
 # the clock starts at launch, so evaluate as little as gives a reading: at step 0 (always) and at the end,
-# on 5 batches; the verdict is scripts/speedrun.py's pass over the whole of val.bin on the saved checkpoint
+# on 5 batches; the verdict is dev/speedrun.py's pass over the whole of val.bin on the saved checkpoint
 eval_interval = 190
 eval_iters = 5
 log_interval = 40

@@ -6,7 +6,7 @@ with and without quantizing its operands (amax, scale, cast: what a real FP8 lay
 shapes are GPT-2 124M's at --tokens a step (the speedrun recipe: 16 x 1024). Needs an H100 or newer; prints
 a markdown table (docs/speedrun.md).
 
-    python scripts/fp8_matmul.py [--tokens=16384] [--n_layer=12]
+    python dev/fp8_matmul.py [--tokens=16384] [--n_layer=12]
 """
 import argparse
 import sys

@@ -22,9 +22,9 @@ The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to b
 Times are seconds since each process was launched (the moment its stdout line reached this script, which
 runs it unbuffered), so start-up, compilation and evaluations all count.
 
-    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
+    python dev/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
         --gcide=.shared/data/gcide.txt.gz --nanogpt_config=.shared/bench/gcide_nanogpt.py --seeds=1337,1,2
-    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
+    python dev/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
         --text=.shared/data/techdocs.txt.gz --ranks=.shared/data/gpt2.tiktoken \\
         --nanogpt_config=config/techdocs_nanogpt.py --seeds=1337,1,2
 """
