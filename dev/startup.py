@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """
-Where the time goes between launch and the first training step (docs/speedrun.md's start-up table):
+Where the time goes between launch and the first training step (docs/records/2026-11-27-speedrun.md's start-up table):
 each piece timed in a fresh process, then train.py itself, whose `startup: first step at X s since launch`
 line is the total.
 

@@ -1,5 +1,5 @@
 """
-dev/fp8_matmul.py, the FP8 bound of docs/speedrun.md: its per-tensor quantization on the CPU (float8
+dev/fp8_matmul.py, the FP8 bound of docs/records/2026-11-27-speedrun.md: its per-tensor quantization on the CPU (float8
 casts run anywhere), its refusal where there is no FP8 GPU, and on an H100 the table itself.
 """
 import importlib.util
