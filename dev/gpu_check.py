@@ -3,7 +3,7 @@
 The GPU check: what CPU tests cannot see, run where users run it. Before a change to the training, model,
 data or checkpoint path lands, run it on a GPU machine and quote its summary (docs/testing.md):
 
-    python dev/gpu_check.py                 # every GPU of the machine: about 3 minutes on one H100
+    python dev/gpu_check.py                 # every GPU of the machine (docs/testing.md has its time)
     python dev/gpu_check.py --parts=tests,gpt2     # some parts only (names as in the summary)
 
 Each part is a command users type (or the tests marked cuda), run in a fresh process, timed, passed or failed
@@ -38,6 +38,9 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -232,7 +235,6 @@ def part_parallel(nproc, parallelism):
 
 
 def gpus():
-    import torch
     return torch.cuda.device_count()
 
 
@@ -240,7 +242,6 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="", help="comma-separated part names (default: all that this machine runs)")
     a = p.parse_args(argv)
-    import torch
     if not torch.cuda.is_available():
         raise SystemExit("error: no CUDA GPU here: the GPU check runs on a GPU machine (the CPU tests are pytest's)")
     os.makedirs(OUT, exist_ok=True)
@@ -265,7 +266,6 @@ def main(argv):
             f"{' (with uncommitted changes)' if dirty else ''}, {time.strftime('%Y-%m-%d')}")
     print(head, flush=True)
     if "tests" in chosen:  # run beside the rest, reported last
-        from concurrent.futures import ThreadPoolExecutor
         BESIDE["tests"] = ThreadPoolExecutor(1).submit(sh, TESTS, "tests.log")
         chosen = [x for x in chosen if x != "tests"] + ["tests"]
     rows, t_all = [], time.time()

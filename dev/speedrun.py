@@ -91,6 +91,8 @@ def parse_evals(lines):
 
 def score(ckpt_path, val_path, device, batch_size=16):
     """(iter_num, tokens seen, full val loss) of a checkpoint (ours or nanoGPT's)."""
+    # torch, the gpt package and matplotlib are imported where used: this process must not load torch (into
+    # the page cache too) before nanoGPT's cold run, which it times
     import torch
 
     from gpt.checkpoint import load_checkpoint, model_from_checkpoint
