@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 import torch._functorch.config
+import torch.profiler
 
 import configurator
 from gpt import generation, optim
@@ -134,9 +135,9 @@ def batches(B):
 
 def write_profile(B, step):
     """Where a step's GPU time goes: torch.profiler's table of kernels, largest total first."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == 'cuda' else [])
-    with profile(activities=activities) as prof:
+    kinds = torch.profiler.ProfilerActivity
+    activities = [kinds.CPU] + ([kinds.CUDA] if device_type == 'cuda' else [])
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(3):
             step()
         sync()

@@ -8,6 +8,7 @@ $ python plot.py --out_dir=out --output=run.svg           # any format matplotli
 """
 import json
 import os
+import shutil
 import sys
 
 import configurator
@@ -36,7 +37,7 @@ def plot_losses(ax, rows, x):
 
 def pyplot():
     try:
-        import matplotlib
+        import matplotlib  # optional (its absence is one error line) and slow to import
     except ImportError:
         raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")  # files only, no display needed
@@ -47,7 +48,6 @@ def pyplot():
 def check_output(output):
     """The file to write, checked before the log is read: a format matplotlib can write here (pgf only with
     its TeX program), a folder that exists or can be made. No extension is matplotlib's PNG, named .png."""
-    import shutil
     plt = pyplot()
     from matplotlib.backend_bases import FigureCanvasBase
     formats = set(FigureCanvasBase.get_supported_filetypes())

@@ -1,5 +1,5 @@
 # The quick start: the shakespeare_char model, sized for the machine it runs on.
-# On a GPU it is config/train_shakespeare_char.py as is (about 30 s on an H100, longer on smaller cards);
+# On a GPU it is config/train_shakespeare_char.py as is (docs/benchmarks.md has its time);
 # on a CPU it is a smaller model on shorter contexts so that it finishes in a few minutes.
 # $ python train.py config/quickstart.py
 import os

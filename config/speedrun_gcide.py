@@ -5,7 +5,7 @@
 # (github.com/KellerJordan/modded-nanogpt) or a paper, i.e. chosen because it has transferred across models
 # and data, not tuned to this dictionary (only the batch and the step count were chosen from runs on it).
 # Any other corpus: --dataset=techdocs (data/techdocs), measured there too.
-# scripts/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
+# dev/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
 out_dir = 'out-speedrun'
 dataset = 'gcide'
 
@@ -39,14 +39,14 @@ optimizer = 'muon'
 muon_lr = 0.02  # Muon's reference rate (KellerJordan/Muon's default); its updates have unit spectral scale
 # Nesterov momentum 0.9, not KellerJordan/Muon's 0.95: modded-nanogpt warms its momentum from 0.85 up to 0.95
 # over its first 300 steps, so a run this short would sit at 0.85-0.9 throughout; at the same steps 0.9 reached
-# a lower loss than 0.95, 0.85 or 0.8 on gcide (docs/speedrun.md)
+# a lower loss than 0.95, 0.85 or 0.8 on gcide (docs/records/2026-11-27-speedrun.md)
 muon_momentum = 0.9
 muon_weight_decay = 0.0  # modded-nanogpt's short runs use none
-learning_rate = 6e-3  # AdamW, now only for embeddings, head and norm gains: modded-nanogpt's head rate is 8e-3
+learning_rate = 6e-3  # AdamW's, for embeddings, head and norm gains only: modded-nanogpt's head rate is 8e-3
 # the value-embedding and skip weights (learned scalars near 1) at modded-nanogpt's scalar rate, not
-# learning_rate: at 6e-3 they barely move in 190 steps; at 0.04 every seed ended lower, by 0.013-0.022 on
-# gcide and 0.03-0.04 on techdocs (docs/speedrun.md). The value tables themselves train at learning_rate,
-# as the token embedding does (in modded-nanogpt too both share one rate)
+# learning_rate, at which they barely move in a run this short; at 0.04 every seed ended lower on both
+# corpora (docs/records/2026-11-27-speedrun.md). The value tables themselves train at learning_rate, as the
+# token embedding does (in modded-nanogpt too both share one rate)
 scalar_lr = 0.04
 weight_decay = 0.0  # nothing to regularise in a run of one or two epochs (modded-nanogpt: none)
 beta1, beta2 = 0.9, 0.95
@@ -60,7 +60,7 @@ decay_lr = True
 
 # batch: 16 sequences of 1024 tokens a step (16,384 tokens, a quarter of nanoGPT's 65,536), one micro-step.
 # Muon makes more of a token in smaller steps (at the same tokens, 16,384 a step reached a lower loss than
-# 32,768 and 65,536), and a step of 16 sequences still keeps an H100 busy (docs/speedrun.md's table). On two
+# 32,768 and 65,536), and a step of 16 sequences is still large enough to keep the GPU busy. On two
 # or four GPUs the same 16 sequences are split between them (gpt/training/schedule.py's split_batch). The run's length
 # is the knob that trades time against loss: 190 steps = 3.1M tokens (12% of nanoGPT's 26.2M). The WSD decay
 # ends with the run, so the best checkpoint is the last one: change max_iters, not where to stop reading (and
@@ -71,7 +71,7 @@ max_iters = 190
 warmup_iters = 32
 
 # the clock starts at launch, so evaluate as little as gives a reading: at step 0 (always) and at the end,
-# on 5 batches; the verdict is scripts/speedrun.py's pass over the whole of val.bin on the saved checkpoint
+# on 5 batches; the verdict is dev/speedrun.py's pass over the whole of val.bin on the saved checkpoint
 eval_interval = 190
 eval_iters = 5
 log_interval = 40
@@ -79,15 +79,15 @@ always_save_checkpoint = False
 checkpoint_interval = 190  # one checkpoint, at the end
 wandb_log = False
 
-# speed: the clock starts at launch, and a cold compile (~45 s before the first step on an H100) costs more
-# than it saves in a run this short. Uncompiled, QK-norm and the rotary embedding are a chain of float32
-# elementwise kernels; fused_qk runs them as one Triton kernel each way (gpt/kernels/fused_qk.py, the same math, a
-# quarter less time a step). At 16 sequences a step the kernels are small enough that launching them shows:
+# speed: the clock starts at launch, and a cold compile delays the first step by more than it saves in a run
+# this short. Uncompiled, QK-norm and the rotary embedding are a chain of float32 elementwise kernels; fused_qk
+# runs them as one Triton kernel each way (gpt/kernels/fused_qk.py, the same math, one read and one write of q
+# and k instead of one per kernel). At 16 sequences a step the kernels are small enough that launching them shows:
 # the CUDA graph replays the whole step (gpt/training/stepgraph.py; one GPU only, torchrun runs without it). The fused
-# loss takes the loss and its gradient from the logits in one Triton kernel (gpt/kernels/cross_entropy.py): a tenth
-# less time a step than F.cross_entropy's float32 passes over them. Attention takes flash attention's kernel,
+# loss takes the loss and its gradient from the logits in one Triton kernel (gpt/kernels/cross_entropy.py),
+# in place of F.cross_entropy's several float32 passes over them. Attention takes flash attention's kernel,
 # not cuDNN's: cuDNN's is a little faster a step but builds its kernels at the first calls, and a cold launch
-# reaches its last step sooner without it (docs/speedrun.md).
+# reaches its last step sooner without it (docs/records/2026-11-27-speedrun.md).
 compile = False
 fused_qk = True
 fused_loss = True

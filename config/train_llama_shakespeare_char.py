@@ -1,6 +1,7 @@
 # a miniature character-level shakespeare model, LLaMA-style: rotary positions, RMSNorm, SwiGLU, grouped-query
 # attention, untied embeddings, no biases; the same size and batch as config/train_shakespeare_char.py, and a
-# shorter schedule: this model learns faster and overfits sooner (docs/speedrun.md, "The llama config")
+# shorter schedule: this model learns faster and overfits sooner (docs/records/2026-11-27-speedrun.md, "The
+# llama config")
 # $ python train.py config/train_llama_shakespeare_char.py
 
 out_dir = 'out-llama-shakespeare-char'

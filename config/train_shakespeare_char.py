@@ -3,7 +3,7 @@
 
 out_dir = 'out-shakespeare-char'
 eval_interval = 250  # keep frequent because we'll overfit
-eval_iters = 50  # 50 batches of 64 x 256 characters: 7x the 111K-character val split, ~0.4 s an evaluation
+eval_iters = 50  # 50 batches of 64 x 256 characters: 7x the 111K-character val split, a quarter of 200's cost
 log_interval = 10  # don't print too too often
 
 # we expect to overfit on this small dataset, so only save when val improves
@@ -33,7 +33,7 @@ beta2 = 0.99  # make a bit bigger because number of tokens per iter is small
 warmup_iters = 100  # not super necessary potentially
 
 # a model this small is bound by launching kernels, not by the GPU. Replaying each step from a CUDA graph
-# removes that (13.8 -> 7.6 ms a step on an H100; used only on one CUDA GPU); compiling would take ~25 s
-# on a cold cache to save another ~2 ms a step, more than it can win back over 2000 steps
+# removes that (used only on one CUDA GPU); a cold compile would take longer than it can win back over 2000
+# steps (docs/benchmarks.md has both times)
 cuda_graph = True
 compile = False

@@ -40,7 +40,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
 # CUDA-only tests are marked @pytest.mark.cuda: they skip without a CUDA GPU, and `pytest -m cuda` (the GPU
-# check, scripts/gpu_check.py) runs them alone.
+# check, dev/gpu_check.py) runs them alone.
 
 
 def pytest_configure(config):

@@ -1,5 +1,5 @@
 """
-scripts/fp8_matmul.py, the FP8 bound of docs/speedrun.md: its per-tensor quantization on the CPU (float8
+dev/fp8_matmul.py, the FP8 bound of docs/records/2026-11-27-speedrun.md: its per-tensor quantization on the CPU (float8
 casts run anywhere), its refusal where there is no FP8 GPU, and on an H100 the table itself.
 """
 import importlib.util
@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, run
 
-spec = importlib.util.spec_from_file_location("fp8_matmul", os.path.join(ROOT, "scripts", "fp8_matmul.py"))
+spec = importlib.util.spec_from_file_location("fp8_matmul", os.path.join(ROOT, "dev", "fp8_matmul.py"))
 fp8 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fp8)
 
@@ -34,7 +34,7 @@ def test_quantize_keeps_the_tensor_within_the_formats_precision(dtype):
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9),
                     reason="this GPU runs FP8: the table is measured, not refused")
 def test_without_an_fp8_gpu_one_error_line():
-    r = run("scripts/fp8_matmul.py", check=False)
+    r = run("dev/fp8_matmul.py", check=False)
     assert r.returncode != 0 and r.stderr.strip().splitlines() == [
         "error: FP8 matmuls need a CUDA GPU of compute capability 8.9 or newer (H100, L4, ...): run this on one"]
 
@@ -43,7 +43,7 @@ def test_without_an_fp8_gpu_one_error_line():
 def test_the_table_on_an_fp8_gpu():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs compute capability 8.9 or newer")
-    out = run("scripts/fp8_matmul.py", "--tokens=2048", "--n_layer=2", "--iters=3").stdout
+    out = run("dev/fp8_matmul.py", "--tokens=2048", "--n_layer=2", "--iters=3").stdout
     rows = [line for line in out.splitlines() if line.startswith("| head") or line.startswith("| MLP")]
     assert len(rows) == 9
     assert all(float(line.split("|")[-2]) < 0.1 for line in rows)  # each product within FP8's error

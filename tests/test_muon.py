@@ -207,10 +207,10 @@ def test_a_skipped_step_changes_no_weight_and_no_momentum(tensor_lr):
 
 
 def test_the_step_launches_no_kernel_per_matrix():
-    """scripts/muon_kernels.py's count of the step's kernels: four more blocks (16 more matrices, 24 more
+    """dev/muon_kernels.py's count of the step's kernels: four more blocks (16 more matrices, 24 more
     pieces) add no kernel to the plain step, and to the CUDA graph's only the one that keeps a non-finite
     gradient out of each momentum (torch.where; no multi-tensor op does it)."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
     import muon_kernels
     for graphed in (False, True):
         (_, small), (_, large) = (muon_kernels.profile_step(32, n_layer, graphed) for n_layer in (2, 6))

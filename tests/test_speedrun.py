@@ -1,6 +1,6 @@
 """
 The speedrun comparison's pieces on the CPU: gpt/training/evaluation.py's whole-split loss against a direct
-computation, scripts/speedrun.py's timestamped runner, log parsing, table and plot, and the recipe
+computation, dev/speedrun.py's timestamped runner, log parsing, table and plot, and the recipe
 (config/speedrun_gcide.py) training a tiny model through train.py with its checkpoint scored.
 """
 import json
@@ -18,7 +18,7 @@ from test_checkpoint import data_dir, train  # noqa: F401 (data_dir is a fixture
 from gpt.training.evaluation import full_split_loss
 from model import GPT, GPTConfig
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
 import speedrun  # noqa: E402
 
 

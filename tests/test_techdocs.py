@@ -2,7 +2,7 @@
 data/techdocs/prepare.py on the CPU, offline: small fake .deb files (an ar archive holding data.tar.xz or
 .gz, as Debian's) with a few documents each, built as a user would (--debs, then --text from the text it
 assembled); its token files against the benchmark's own cut (make_corpus.py's loop, copied below), what it
-leaves out, and its mistakes as one line that writes nothing. Also scripts/speedrun.py's choice of corpus.
+leaves out, and its mistakes as one line that writes nothing. Also dev/speedrun.py's choice of corpus.
 """
 import gzip
 import importlib.util
@@ -24,7 +24,7 @@ PREPARE = os.path.join(ROOT, "data", "techdocs", "prepare.py")
 spec = importlib.util.spec_from_file_location("techdocs_prepare", PREPARE)
 prepare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(prepare)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "dev"))
 import speedrun  # noqa: E402
 
 LINUX = "usr/share/doc/linux-doc-6.1/Documentation/"

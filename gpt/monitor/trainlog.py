@@ -24,10 +24,12 @@ With wandb_log=True every row also goes to Weights & Biases (start_wandb), under
 """
 import json
 import math
+import netrc
 import os
 import shutil
 import stat
 import time
+from urllib.parse import urlsplit
 
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
@@ -181,7 +183,7 @@ def wandb_metrics(row):
     kind = row["kind"]
     metrics = {"step": row["step"], "tokens": row["tokens"], "time": row["time"]}
     if kind == "sample":
-        import wandb
+        import wandb  # optional and slow to import: imported only by runs that log to it
         metrics["samples"] = wandb.Table(columns=["step", "text"], data=[[row["step"], t] for t in row["samples"]])
         return metrics
     for k, v in row.items():
@@ -229,8 +231,6 @@ def _wandb_settings(wandb):
 
 def _netrc_has(base_url):
     """Whether the .netrc wandb reads ($NETRC, else ~/.netrc or ~/_netrc) holds a login for base_url's host."""
-    import netrc
-    from urllib.parse import urlsplit
     home = os.path.expanduser("~")
     paths = [os.environ["NETRC"]] if os.environ.get("NETRC") else [os.path.join(home, ".netrc"),
                                                                     os.path.join(home, "_netrc")]

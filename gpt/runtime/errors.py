@@ -22,11 +22,15 @@ When stdout is a pipe that closed early (`python sample.py | head -3`), a script
 141, as a shell reports a command ended by SIGPIPE (what `cat` or `yes` give in the same place): the reader
 asked for no more, so there is nothing to report, yet `set -o pipefail` still sees that the output was cut.
 """
+import json
 import os
+import select
+import signal
 import sys
+import time
 
-# nothing else is imported here: the scripts import this module first, before torch, so that Ctrl-C while
-# torch loads is already the short line; json, select and time are imported when an error needs them
+# only the standard library's small modules here: the scripts import this module first, before torch, so
+# that Ctrl-C while torch loads is already the short line
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 
 
@@ -62,7 +66,6 @@ def _stderr():
 
 def _stdout_closed():
     """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
-    import select
     try:
         fd = sys.__stdout__.fileno()
         poll = select.poll()
@@ -77,8 +80,6 @@ def _torchrun_report(line):
     True on rank 0 (and outside torchrun): the process that prints it."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        import json
-        import time
         try:
             with open(error_file, "w") as f:
                 # the layout torchrun's own @record writes, which its summary shows as the "traceback"
@@ -120,11 +121,9 @@ class ExitOnCtrlC:
     the process (pybind11's "terminate called"). Nothing is yet changed that would need putting back."""
 
     def __enter__(self):
-        import signal
         self.previous = signal.signal(signal.SIGINT, self._exit)
 
     def __exit__(self, *exc):
-        import signal
         signal.signal(signal.SIGINT, self.previous)
 
     @staticmethod

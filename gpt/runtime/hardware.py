@@ -91,8 +91,8 @@ def for_generation(model, device_type, dtype):
 
 def attention_kernels(cudnn):
     """Whether torch's attention (F.scaled_dot_product_attention) may pick cuDNN's kernel: with False it takes
-    flash attention on a GPU, the same math. On an H100 cuDNN's is a little faster a step, but it builds its
-    kernels at a process's first calls, a second or two of a cold launch (docs/speedrun.md): a run of a few
+    flash attention on a GPU, the same math. cuDNN's is a little faster a step, but it builds its kernels at a
+    process's first calls, which a cold launch pays (docs/records/2026-11-27-speedrun.md): a run of a few
     hundred steps ends sooner without it."""
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
 

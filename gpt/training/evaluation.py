@@ -1,6 +1,6 @@
 """
 Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
-DDP ranks, and a few sampled continuations of a prompt. Afterwards (scripts/speedrun.py): the loss over
+DDP ranks, and a few sampled continuations of a prompt. Afterwards (dev/speedrun.py): the loss over
 every token of a split, once each.
 """
 import numpy as np

@@ -3,8 +3,8 @@
 The GPU check: what CPU tests cannot see, run where users run it. Before a change to the training, model,
 data or checkpoint path lands, run it on a GPU machine and quote its summary (docs/testing.md):
 
-    python scripts/gpu_check.py                 # every GPU of the machine: about 3 minutes on one H100
-    python scripts/gpu_check.py --parts=tests,gpt2     # some parts only (names as in the summary)
+    python dev/gpu_check.py                 # every GPU of the machine (docs/testing.md has its time)
+    python dev/gpu_check.py --parts=tests,gpt2     # some parts only (names as in the summary)
 
 Each part is a command users type (or the tests marked cuda), run in a fresh process, timed, passed or failed
 on what it printed and wrote; the summary is one table: card, torch, commit, then each part with its time and
@@ -25,7 +25,7 @@ and on a machine of several GPUs, for N = 2 and (where there are 4) 4:
   ddp-N, fsdp-N  config/train_shakespeare_char.py's model under torchrun --nproc_per_node=N, DDP and FSDP2:
                each step's loss within bf16 rounding (0.5%) of the one-GPU run's, on the same global batch
 
-Data: data/synth (scripts/synth_data.py makes it: random GPT-2 ids) for GPT-2's shape; data/gcide for the
+Data: data/synth (dev/synth_data.py makes it: random GPT-2 ids) for GPT-2's shape; data/gcide for the
 speedrun where it exists (else synth); data/shakespeare_char (`python data/shakespeare_char/prepare.py`,
 which needs a network or --input) for the char models: a part whose data is missing fails, naming it.
 """
@@ -38,6 +38,9 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -122,19 +125,19 @@ def part_tests():
 
 
 def part_gpt2():
-    need("data/synth", "python scripts/synth_data.py")
+    need("data/synth", "python dev/synth_data.py")
     found, out, line = trained("gpt2", [*GPT2, "--compile=False"], expect=[r"using fused AdamW: True"])
     part_gpt2.losses = found
     return line
 
 
 def part_gpt2_compile():
-    need("data/synth", "python scripts/synth_data.py")
+    need("data/synth", "python dev/synth_data.py")
     return trained("gpt2-compile", [*GPT2, "--compile=True"], expect=[r"compiling the model"])[2]
 
 
 def part_fused_loss():
-    need("data/synth", "python scripts/synth_data.py")
+    need("data/synth", "python dev/synth_data.py")
     found, _, line = trained("fused-loss", [*GPT2, "--compile=False", "--fused_loss=True"])
     plain = getattr(part_gpt2, "losses", None)
     if plain:
@@ -147,7 +150,7 @@ def part_fused_loss():
 
 def part_speedrun():
     data = "gcide" if os.path.exists(os.path.join(ROOT, "data/gcide/train.bin")) else "synth"
-    need(f"data/{data}", "python scripts/synth_data.py")
+    need(f"data/{data}", "python dev/synth_data.py")
     return f"on {data}: " + trained("speedrun", ["config/speedrun_gcide.py", f"--dataset={data}", "--max_iters=8",
                                                  "--checkpoint_interval=-1", *FEW], expect=[r"^muon: "])[2]
 
@@ -232,7 +235,6 @@ def part_parallel(nproc, parallelism):
 
 
 def gpus():
-    import torch
     return torch.cuda.device_count()
 
 
@@ -240,7 +242,6 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="", help="comma-separated part names (default: all that this machine runs)")
     a = p.parse_args(argv)
-    import torch
     if not torch.cuda.is_available():
         raise SystemExit("error: no CUDA GPU here: the GPU check runs on a GPU machine (the CPU tests are pytest's)")
     os.makedirs(OUT, exist_ok=True)
@@ -265,7 +266,6 @@ def main(argv):
             f"{' (with uncommitted changes)' if dirty else ''}, {time.strftime('%Y-%m-%d')}")
     print(head, flush=True)
     if "tests" in chosen:  # run beside the rest, reported last
-        from concurrent.futures import ThreadPoolExecutor
         BESIDE["tests"] = ThreadPoolExecutor(1).submit(sh, TESTS, "tests.log")
         chosen = [x for x in chosen if x != "tests"] + ["tests"]
     rows, t_all = [], time.time()

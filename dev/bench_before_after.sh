@@ -2,7 +2,7 @@
 # The same GPU measurements on two checkouts, back to back on one machine: bench.py (GPT-2 124M training
 # step and generation) and config/train_shakespeare_char.py (time from launch to val loss <= 1.47, best val).
 # For "no change in behaviour or speed" checks of a refactor.
-#   $ bash scripts/bench_before_after.sh OLD_CHECKOUT [NEW_CHECKOUT]      (logs under $OUT, or ./bench-out)
+#   $ bash dev/bench_before_after.sh OLD_CHECKOUT [NEW_CHECKOUT]      (logs under $OUT, or ./bench-out)
 # Each checkout needs data/shakespeare_char/{train,val}.bin and meta.json (python data/shakespeare_char/prepare.py).
 # The shakespeare runs alternate old, new, new, old, so a drift of the machine shows up as such.
 set -euo pipefail

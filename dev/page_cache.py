@@ -1,9 +1,9 @@
 """
 How much of each package's files the kernel holds in its page cache (mincore(2)), without importing them: a
 launch that finds a package's shared libraries there maps them from memory, one that does not reads them from
-disk. Used to tell a cold launch's disk reads from its compile work (docs/speedrun.md, "Start-up").
-$ python scripts/page_cache.py torch triton numpy /usr/lib/gcc      # packages by name, or folders and files
-$ python scripts/page_cache.py --evict triton /usr/lib/gcc          # drop them from it first (a machine's first
+disk. Used to tell a cold launch's disk reads from its compile work (docs/records/2026-11-27-speedrun.md, "Start-up").
+$ python dev/page_cache.py torch triton numpy /usr/lib/gcc      # packages by name, or folders and files
+$ python dev/page_cache.py --evict triton /usr/lib/gcc          # drop them from it first (a machine's first
                                                                     # launch, without rebooting it)
 Prints one line per argument: MB resident of MB in its files, and the largest files' shares. Linux only.
 """

@@ -4,8 +4,8 @@
 # the last STEPS-20 steps. The global batch is the same (40 micro-steps of 12 x 1024, split over the GPUs), so
 # the first losses must agree. Each further argument is one more N-GPU run with those train.py settings, run
 # back to back after the default one (e.g. torch's own DDP options against ours):
-#   $ bash scripts/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
-#   $ STEPS=40 bash scripts/bench_ddp.sh 4 "--ddp_reduce_dtype=bfloat16" "--ddp_bucket_mb=100 --ddp_bucket_view=True"
+#   $ bash dev/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
+#   $ STEPS=40 bash dev/bench_ddp.sh 4 "--ddp_reduce_dtype=bfloat16" "--ddp_bucket_mb=100 --ddp_bucket_view=True"
 # REUSE_1GPU=1 keeps an earlier call's one-GPU run (o-ddp-1, same STEPS) as the baseline: e.g. N=4, then N=2
 # on CUDA_VISIBLE_DEVICES=0,1 of the same machine.
 set -uo pipefail
@@ -13,7 +13,7 @@ N=${1:-8}; shift
 STEPS=${STEPS:-60}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-[ -f data/synth/meta.json ] || python scripts/synth_data.py
+[ -f data/synth/meta.json ] || python dev/synth_data.py
 [ "${REUSE_1GPU:-0}" = 1 ] && [ -f o-ddp-1/log.jsonl ] || rm -rf o-ddp-1
 rm -rf o-ddp-$N o-ddp-$N-*   # this script's own run folders, from an earlier call
 RUN="config/train_gpt2.py --dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1 --max_iters=$STEPS"

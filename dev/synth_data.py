@@ -1,7 +1,7 @@
 """
 Synthetic GPT-2-token shards in data/synth (random ids: 80M train, 4M val), for the scaling benchmarks
-(scripts/bench_scaling.sh, scripts/bench_ddp.sh), which measure speed, not learning.
-$ python scripts/synth_data.py
+(dev/bench_scaling.sh, dev/bench_ddp.sh), which measure speed, not learning.
+$ python dev/synth_data.py
 """
 import json
 import os

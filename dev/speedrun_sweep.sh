@@ -2,8 +2,8 @@
 # Tuning runs for the speedrun recipes (docs/speedrun.md): each argument is one run of the recipe with those
 # extra settings, its last checkpoint scored over the whole of data/<dataset>/val.bin; prints, per run, the
 # seconds from launch to the end of training, the step time and the full val loss. No nanoGPT run: compare
-# against its score from scripts/speedrun.py (the comparison itself).
-#   $ bash scripts/speedrun_sweep.sh "--max_iters=120" "--max_iters=150 --compile=True"   (logs under $OUT)
+# against its score from dev/speedrun.py (the comparison itself).
+#   $ bash dev/speedrun_sweep.sh "--max_iters=120" "--max_iters=150 --compile=True"   (logs under $OUT)
 # CONFIG=config/other.py picks another recipe (default config/speedrun_gcide.py); DATASET=techdocs
 # another corpus; SCORE=0 skips the scoring (for timing variants only); GPUS=4 runs the list four at a time,
 # one run per GPU (run i on GPU i mod 4, each GPU's runs in turn: a tuning shortcut, since runs beside each
@@ -28,7 +28,7 @@ run_one() {  # index, extra settings
     wall=$(python -c "import time; print(f'{time.time() - $start:.1f}')")
     python - "$dir" "$out/sweep-$i.log" "$extra" "$wall" "$dataset" > "$out/sweep-$i.result" <<'EOF'
 import os, re, sys
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "dev")
 import speedrun
 d, log, extra, wall, dataset = sys.argv[1:]
 text = open(log).read()

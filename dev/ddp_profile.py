@@ -4,9 +4,9 @@ and for the step of GPT-2 124M (config/train_gpt2.py's shapes, synthetic tokens,
 forward+backward of the micro-steps without gradient sync, the all-reduce time the last micro-step's
 backward pass leaves exposed, the optimizer, and the rest. See docs/scaling.md, "If your scaling is poor".
 
-$ torchrun --standalone --nproc_per_node=4 scripts/ddp_profile.py
-$ torchrun --standalone --nproc_per_node=4 scripts/ddp_profile.py --variants="default;reduce_dtype=bfloat16"
-$ python scripts/ddp_profile.py          (one GPU: a DDP of one process, the all-reduce is a no-op)
+$ torchrun --standalone --nproc_per_node=4 dev/ddp_profile.py
+$ torchrun --standalone --nproc_per_node=4 dev/ddp_profile.py --variants="default;reduce_dtype=bfloat16"
+$ python dev/ddp_profile.py          (one GPU: a DDP of one process, the all-reduce is a no-op)
 
 Settings (--key=value): steps (10 timed, after `warmup` 3: the first compiles), micro_steps (0: 40 split over
 the processes, as config/train_gpt2.py), batch_size 12, block_size 1024, n_layer/n_head/n_embd/vocab_size

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """
-Where the time goes between launch and the first training step (docs/speedrun.md's start-up table):
+Where the time goes between launch and the first training step (docs/records/2026-11-27-speedrun.md's start-up table):
 each piece timed in a fresh process, then train.py itself, whose `startup: first step at X s since launch`
 line is the total.
 
-    python scripts/startup.py config/speedrun_gcide.py                  # on a GPU machine, data/gcide ready
-    python scripts/startup.py config/speedrun_gcide.py --device=cpu     # the CPU numbers of the table
+    python dev/startup.py config/speedrun_gcide.py                  # on a GPU machine, data/gcide ready
+    python dev/startup.py config/speedrun_gcide.py --device=cpu     # the CPU numbers of the table
 """
 import os
 import re

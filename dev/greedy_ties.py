@@ -5,8 +5,8 @@ random-weight GPT-2, greedy decoding with the KV cache against recomputing every
 bfloat16 weights (bench.py and sample.py's on a GPU). For the first token where they part, the gap between
 the two likeliest tokens' logits (recomputed in float64 from the shared prefix) against bf16's rounding.
 
-    python scripts/greedy_ties.py                      # CPU, bench.py's shape, batch 10, 64 tokens
-    python scripts/greedy_ties.py --device=cuda        # on the GPU, the very kernels bench.py uses
+    python dev/greedy_ties.py                      # CPU, bench.py's shape, batch 10, 64 tokens
+    python dev/greedy_ties.py --device=cuda        # on the GPU, the very kernels bench.py uses
 """
 import argparse
 import copy

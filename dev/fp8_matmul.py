@@ -4,9 +4,9 @@ What FP8 matmuls could save a training step, at most: the step's head and MLP ma
 backward products) timed in bf16 (torch.mm) and in FP8 (torch._scaled_mm, per-tensor scales), the FP8 time
 with and without quantizing its operands (amax, scale, cast: what a real FP8 layer pays on every call). The
 shapes are GPT-2 124M's at --tokens a step (the speedrun recipe: 16 x 1024). Needs an H100 or newer; prints
-a markdown table (docs/speedrun.md).
+a markdown table (docs/records/2026-11-27-speedrun.md).
 
-    python scripts/fp8_matmul.py [--tokens=16384] [--n_layer=12]
+    python dev/fp8_matmul.py [--tokens=16384] [--n_layer=12]
 """
 import argparse
 import sys

@@ -5,7 +5,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench-out}; mkdir -p "$OUT"
-python scripts/synth_data.py
+python dev/synth_data.py
 RUN="--dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1"
 TR="torchrun --standalone --nproc_per_node=2 train.py"
 summary() { python - "$@" <<'PY'

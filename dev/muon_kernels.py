@@ -4,7 +4,7 @@ launches on a GPU, where for small matrices the launches, not the arithmetic, se
 GPT-2 124M's 48 (12 blocks x c_attn (q, k, v pieces), attention c_proj, MLP c_fc and c_proj); the counts do
 not depend on their width, so --n_embd shrinks them to keep the CPU's Newton-Schulz iterations quick (768 is
 GPT-2's).
-$ python scripts/muon_kernels.py [--n_embd=96] [--n_layer=12] [--top=15]
+$ python dev/muon_kernels.py [--n_embd=96] [--n_layer=12] [--top=15]
 For the plain step (Python float learning rate, no found_inf) and the CUDA graph's (a 0-dim tensor learning
 rate and found_inf) it prints two counts. "aten ops called": torch.profiler's aten ops called from Python (not
 from inside another aten op). "kernels": the ops a CUDA graph's capture would record (a TorchDispatchMode, as

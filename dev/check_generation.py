@@ -6,9 +6,9 @@ with the graph and with the same step run eagerly, and how many times a timed ru
 (it should never). Random weights in bf16, as bench.py. Exit status 1 if a check fails.
 Where greedy outputs differ it prints the first position that does, and by how much the uncached path's
 best logit led its second there: a lead within bf16 rounding is a near-tie, not a wrong cache.
-$ python scripts/check_generation.py                      # bf16, random weights
-$ python scripts/check_generation.py --dtype=float32      # float32 weights, TF32 off: the logic alone
-$ python scripts/check_generation.py --ckpt=out-shakespeare-char   # trained weights: greedy checks only
+$ python dev/check_generation.py                      # bf16, random weights
+$ python dev/check_generation.py --dtype=float32      # float32 weights, TF32 off: the logic alone
+$ python dev/check_generation.py --ckpt=out-shakespeare-char   # trained weights: greedy checks only
 """
 import os
 import sys

@@ -22,9 +22,9 @@ The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to b
 Times are seconds since each process was launched (the moment its stdout line reached this script, which
 runs it unbuffered), so start-up, compilation and evaluations all count.
 
-    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
+    python dev/speedrun.py --anchor=.shared/anchors/nanogpt --corpus_script=.shared/bench/make_corpus.py \\
         --gcide=.shared/data/gcide.txt.gz --nanogpt_config=.shared/bench/gcide_nanogpt.py --seeds=1337,1,2
-    python scripts/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
+    python dev/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
         --text=.shared/data/techdocs.txt.gz --ranks=.shared/data/gpt2.tiktoken \\
         --nanogpt_config=config/techdocs_nanogpt.py --seeds=1337,1,2
 """
@@ -91,6 +91,8 @@ def parse_evals(lines):
 
 def score(ckpt_path, val_path, device, batch_size=16):
     """(iter_num, tokens seen, full val loss) of a checkpoint (ours or nanoGPT's)."""
+    # torch, the gpt package and matplotlib are imported where used: this process must not load torch (into
+    # the page cache too) before nanoGPT's cold run, which it times
     import torch
 
     from gpt.checkpoint import load_checkpoint, model_from_checkpoint
