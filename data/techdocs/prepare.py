@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import make_out_dir, write_meta, write_tokens
+from gpt.data.sources import make_out_dir, say_next, write_meta, write_tokens
 from gpt.data.tokenizer import GPT2_EOT, dataset_tokenizer, gpt2_encoding
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -351,8 +351,7 @@ def main(argv=None):
     _, meta = dataset_tokenizer("gpt2", args.out_dir)
     write_meta(args.out_dir, meta)  # last: a folder with meta.json is a finished dataset
     print(f"wrote {args.out_dir}: {', '.join(written + ['train.bin', 'val.bin', 'meta.json'])}")
-    elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
-    print(f"next: python train.py config/techdocs_nanogpt.py{elsewhere}  (nanoGPT's recipe sized for it)")
+    say_next("config/techdocs_nanogpt.py", args.out_dir, HERE, "  (nanoGPT's recipe sized for it)")
 
 
 if __name__ == "__main__":
