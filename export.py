@@ -59,7 +59,7 @@ def main(argv):
     stages = tqdm(total=4 if s['verify'] else 3, unit="stage", disable=None)
     stages.set_description("reading the checkpoint")
     ckpt = load_checkpoint(path)
-    import transformers
+    import transformers  # here, not at the top: it is slow to import, and nothing above needs it
     if not sys.stderr.isatty():
         transformers.utils.logging.disable_progress_bar()  # quiet in logs and CI, like our own bars
     model = model_from_checkpoint(ckpt, path).eval()

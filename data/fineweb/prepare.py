@@ -21,6 +21,7 @@ import os
 import sys
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt.data import open_shard, read_meta, sources
@@ -83,8 +84,6 @@ def main():
     if not 1 <= args.shard_size < 2**31:
         raise UserError(f"--shard_size must be between 1 and 2**31-1 tokens, got {args.shard_size}")
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
-
-    from tqdm import tqdm  # after the argument checks, which are then reported at once
 
     # from the hub, the parquet files go to the huggingface cache first (unless --streaming)
     dataset = sources.load_documents(args.local, args.dataset, args.text_column, args.num_proc,

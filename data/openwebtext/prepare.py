@@ -12,8 +12,13 @@ Instead of GPT-2's BPE, --tokenizer=train trains a byte-level BPE of --vocab_siz
 tokenizer.json beside the data, and ids are stored as uint32 when the vocabulary passes 65,536.
 """
 import argparse
+import math
+import multiprocessing
 import os
 import sys
+
+import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt.data import DTYPES, sources
@@ -43,13 +48,6 @@ elif args.tokenizer == "train" and args.streaming:
                     "drop --streaming, or pass a trained tokenizer.json as --tokenizer")
 elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
     raise UserError(f"--tokenizer {args.tokenizer}: not gpt2, train, or an existing tokenizers JSON file")
-
-# heavy imports after the argument checks, so mistakes are reported at once
-import math
-import multiprocessing
-
-import numpy as np
-from tqdm import tqdm
 
 datasets = sources.import_datasets()
 

@@ -21,10 +21,15 @@ import glob
 import gzip
 import hashlib
 import io
+import lzma
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
+import zlib
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
@@ -154,9 +159,6 @@ def check_sha256(pkg, path, message):
 
 def download(pkg, folder):
     """The pinned .deb from Debian's mirror into folder, checked by its sha256; its path."""
-    import shutil
-    import urllib.error
-    import urllib.request
     path = os.path.join(folder, pkg.filename)
     print(f"downloading {pkg.url}", flush=True)
     try:
@@ -208,8 +210,6 @@ COMPRESSION = {"data.tar": "", "data.tar.xz": "xz", "data.tar.gz": "gz", "data.t
 def deb_documents(path, select):
     """[(path inside the package, text)] of the regular files of a .deb that select() picks; gzipped ones
     (Debian's .gz) are read as their content. Text is UTF-8 (a stray byte becomes U+FFFD), its line ends \\n."""
-    import lzma
-    import zlib
     name, data = deb_data(path)
     if name not in COMPRESSION:
         raise UserError(f"{path}: its {name} is a kind of archive this script does not read (known: "
