@@ -27,7 +27,8 @@ import configurator
 from gpt.checkpoint import load_checkpoint, model_from_checkpoint, newer_sharded
 from gpt.data import dataset_dir, read_meta
 from gpt.data.tokenizer import get_tokenizer
-from gpt.hf import exportdir, hf_tokenizer, model_card, save_tokenizer, to_hf, verify
+from gpt.hf import exportdir, model_card, to_hf, verify
+from gpt.hf.tokenizer import hf_tokenizer, save_tokenizer
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
@@ -58,7 +59,7 @@ def main(argv):
     stages = tqdm(total=4 if s['verify'] else 3, unit="stage", disable=None)
     stages.set_description("reading the checkpoint")
     ckpt = load_checkpoint(path)
-    import transformers
+    import transformers  # here, not at the top: it is slow to import, and nothing above needs it
     if not sys.stderr.isatty():
         transformers.utils.logging.disable_progress_bar()  # quiet in logs and CI, like our own bars
     model = model_from_checkpoint(ckpt, path).eval()
@@ -78,7 +79,7 @@ def main(argv):
     hf_config, state_dict = to_hf(model)  # what transformers cannot express is refused here, before writing
     hf_tok = hf_tokenizer(tokenizer, model.config.block_size, model.config.vocab_size)
     # GPT-2's <|endoftext|> begins and ends documents, and pads batches; a character vocabulary gets one
-    # where the model has a spare id (gpt/hf/__init__.py's hf_tokenizer)
+    # where the model has a spare id (gpt/hf/tokenizer.py's hf_tokenizer)
     if hf_tok.pad_token is None:
         tqdm.write(f"note: every one of the model's {model.config.vocab_size} ids is a character, so the export "
                    f"has no end-of-text or pad token and generates one prompt at a time (docs/export.md)")

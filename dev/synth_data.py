@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from gpt.data import write_shard  # noqa: E402
+from gpt.data.sources import write_shard  # noqa: E402
 
 os.makedirs('data/synth', exist_ok=True)
 rng = np.random.default_rng(0)

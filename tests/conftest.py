@@ -357,7 +357,7 @@ def write_char_dataset(folder, text_path, chars=100000, extra_chars=""):
     """A character-level dataset of the first `chars` characters of text_path in folder: meta.json, and
     train.bin / val.bin split 90/10, as data/shakespeare_char/prepare.py writes them. extra_chars join the
     vocabulary (for prompts or HellaSwag examples with characters the text lacks). Returns the folder."""
-    from gpt.data import write_meta, write_tokens
+    from gpt.data.sources import write_meta, write_tokens
     from gpt.data.tokenizer import char_meta, get_tokenizer
     with open(text_path, encoding="utf-8") as f:
         text = f.read()[:chars]
@@ -379,7 +379,7 @@ def write_ids_dataset(folder, ids, itos, val=0.1, shards=False):
 
     import numpy as np
 
-    from gpt.data import write_shard
+    from gpt.data.sources import write_shard
     os.makedirs(folder, exist_ok=True)
     ids = np.asarray(ids)
     n_val = int(len(ids) * val)

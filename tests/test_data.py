@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import run as run_script
 
-from gpt.data import list_shards, open_shard, read_meta, write_shard
+from gpt.data import list_shards, open_shard, read_meta
+from gpt.data.sources import write_shard
 from gpt.data.tokenizer import gpt2_encoding
 from gpt.runtime.errors import UserError
 

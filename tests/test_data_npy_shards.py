@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from gpt.data import find_dataset, list_shards, open_shard, write_shard
+from gpt.data import find_dataset, list_shards, open_shard
 from gpt.data.loader import make_loader
+from gpt.data.sources import write_shard
 from gpt.monitor.trainlog import read_log
 from gpt.runtime.errors import UserError
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import counting_ids, flags, log_rows, run, tiny, write_ids_dataset
 
-from gpt.data import write_shard
+from gpt.data.sources import write_shard
 
 TINY = tiny(dropout=0.1, dataset="tinyshards")
 

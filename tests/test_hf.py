@@ -395,8 +395,9 @@ def test_char_tokenizer_drops_characters_outside_its_vocabulary():
     """Text with a character the vocabulary lacks encodes as the text without it (no "Missing [UNK] token"
     error, no id the model lacks); known text, characters that are special to a regex, and <|endoftext|>
     encode as before."""
+    from gpt.hf.tokenizer import hf_tokenizer
     itos = list("\n !$&-.:;?[]^\\ABCabc")
-    hf_tok = hf.hf_tokenizer(get_tokenizer({"tokenizer": "char", "itos": itos}), 32, len(itos) + 1)
+    hf_tok = hf_tokenizer(get_tokenizer({"tokenizer": "char", "itos": itos}), 32, len(itos) + 1)
     known = "".join(itos) + "Cab[c]^\\-"
     assert hf_tok.encode(known) == [itos.index(ch) for ch in known]
     assert hf_tok.encode("naïve Abc 😀 — é") == hf_tok.encode("a Abc   ")  # n, ï, v, e, 😀, — and é dropped

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.data import write_shard
 from gpt.data.loader import SequentialShards
+from gpt.data.sources import write_shard
 from gpt.runtime.errors import UserError
 
 B, T, W = 2, 8, 2  # batch_size, block_size, world_size: one step is B*T*W = 32 tokens

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, run
 
-from gpt.data import TINY_SHAKESPEARE_URL, open_shard, open_tokens, read_meta, tiny_shakespeare
+from gpt.data import open_shard, open_tokens, read_meta
+from gpt.data.sources import TINY_SHAKESPEARE_URL, tiny_shakespeare
 from gpt.data.tokenizer import get_tokenizer
 from gpt.runtime.errors import UserError
 
@@ -209,7 +210,7 @@ def test_jsonl_gz_csv_and_streaming_give_the_same_bytes(tmp_path, gpt2_ranks_pat
 def test_a_dataset_dicts_validation_split_is_val(tmp_path, gpt2_ranks_path):
     import datasets
 
-    from gpt.data import load_documents
+    from gpt.data.sources import load_documents
     from gpt.data.tokenizer import gpt2_encoding
     dd = datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": DOCS[:30]}),
                               validation=datasets.Dataset.from_dict({"text": DOCS[30:]}))

@@ -10,7 +10,7 @@ import pytest
 from conftest import flags, log_rows, run, tiny
 
 from gpt.checkpoint import load_checkpoint
-from gpt.data import write_meta, write_tokens
+from gpt.data.sources import write_meta, write_tokens
 from gpt.runtime.errors import UserError
 from gpt.training import schedule
 

@@ -60,7 +60,7 @@ def test_a_tokenizers_file_is_compared_by_what_it_does(tmp_path, gpt2_ranks_path
 def test_a_gpt2_folders_tokenizer_json_is_gpt2(tmp_path, gpt2_ranks_path):
     """A GPT-2 folder written by transformers holds GPT-2's BPE as tokenizer.json: GPT-2 data is right for it."""
     from gpt.data.tokenizer import Tokenizer
-    from gpt.hf import hf_tokenizer
+    from gpt.hf.tokenizer import hf_tokenizer
     hf_tokenizer(Tokenizer("gpt2"), 1024, 50257).save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 50257}')  # a model folder's
     check_data_for_model(GPT2, str(tmp_path), None, "owt")

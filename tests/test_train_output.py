@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import ROOT
 
-from gpt.data import write_meta, write_tokens
+from gpt.data.sources import write_meta, write_tokens
 from gpt.monitor.trainlog import read_log, step_line
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, batch_size=4, gradient_accumulation_steps=1,
@@ -84,7 +84,8 @@ def test_step_lines_the_data_at_the_start_and_the_totals_at_the_end(data_dir, tm
 
 
 def test_the_start_counts_shards(tmp_path):
-    from gpt.data import describe_dataset, write_shard
+    from gpt.data import describe_dataset
+    from gpt.data.sources import write_shard
     for name, n in (("x_val_000000.bin", 100), ("x_train_000001.bin", 300), ("x_train_000002.bin", 200)):
         write_shard(tmp_path / name, list(range(n)))
     assert describe_dataset(str(tmp_path), None) == (f"data: train 2 shards, 500 tokens; val 1 shard, 100 tokens "

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from gpt.data import write_meta, write_tokens
+from gpt.data.sources import write_meta, write_tokens
 from gpt.runtime import hardware
 from gpt.training import evaluation
 

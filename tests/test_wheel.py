@@ -18,7 +18,8 @@ import os, sys
 import numpy as np, torch
 import gpt, model
 from gpt import checkpoint
-from gpt.data import find_dataset, write_meta, write_tokens
+from gpt.data import find_dataset
+from gpt.data.sources import write_meta, write_tokens
 from gpt.data.loader import make_loader
 site = sys.argv[1]
 assert gpt.__file__.startswith(site) and model.__file__.startswith(site), (gpt.__file__, model.__file__)

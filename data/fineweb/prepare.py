@@ -21,12 +21,15 @@ import os
 import sys
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import import_datasets, load_documents, make_out_dir, open_shard, read_meta, write_meta, write_shard
+from gpt.data import open_shard, read_meta, sources
 from gpt.data.tokenizer import gpt2_encoding
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def tokenize(text):
@@ -65,45 +68,29 @@ def holds(path, tokens):
 def save(path, tokens):
     kept = holds(path, tokens)
     if not kept:
-        write_shard(path, tokens, "uint16")  # atomic: a temporary name, renamed when complete
+        sources.write_shard(path, tokens, "uint16")  # atomic: a temporary name, renamed when complete
     print(f"{os.path.basename(path)}: {len(tokens):,} tokens ({'unchanged' if kept else 'written'})")
 
 
 def main():
     errors.install()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="HuggingFaceFW/fineweb-edu", help="HF hub dataset id (its 'train' split)")
+    sources.add_document_options(parser, "HuggingFaceFW/fineweb-edu")
     parser.add_argument("--subset", default="sample-10BT", help="the hub dataset's subset (config name)")
-    parser.add_argument("--local", help="local file or folder to read instead of the hub")
-    parser.add_argument("--text_column", default="text")
-    parser.add_argument("--streaming", action="store_true",
-                        help="read the documents as they download instead of caching the whole dataset first "
-                             "(the same shards: documents are taken in order either way)")
     parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard")
-    parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                        help="worker processes for loading and tokenizing (a good number is about half your cores)")
+    parser.add_argument("--out_dir", default=HERE)
     args = parser.parse_args()
-    if args.num_proc < 1:
-        raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
+    sources.check_document_options(args)
     if not 1 <= args.shard_size < 2**31:
         raise UserError(f"--shard_size must be between 1 and 2**31-1 tokens, got {args.shard_size}")
-    if args.local is not None and not os.path.exists(args.local):
-        raise UserError(f"--local path {args.local} does not exist")
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
 
-    # heavy imports after the argument checks, so mistakes are reported at once
-    from tqdm import tqdm
-    datasets = import_datasets()
-    if not sys.stderr.isatty():
-        datasets.disable_progress_bars()  # its bars (loading) too stay out of logs and CI, like ours
-
-    # sample-10BT from the hub: about 10B tokens, about 100 shards; the parquet files go to the huggingface cache
-    dataset = load_documents(args.local, args.dataset, args.text_column, args.num_proc, subset=args.subset,
-                             streaming=args.streaming)
+    # from the hub, the parquet files go to the huggingface cache first (unless --streaming)
+    dataset = sources.load_documents(args.local, args.dataset, args.text_column, args.num_proc,
+                                     subset=args.subset, streaming=args.streaming)
 
     # fill one shard-sized buffer after another; a document that overflows one continues in the next
-    make_out_dir(args.out_dir)
+    sources.make_out_dir(args.out_dir)
     buf = np.empty(args.shard_size, dtype=np.uint16)
     index, filled, total, bar, skipped = 0, 0, 0, None, 0
     with multiprocessing.Pool(args.num_proc) as pool:
@@ -124,8 +111,7 @@ def main():
         bar.close()
         save(shard_path(args.out_dir, index), buf[:filled])
         index += 1
-    if skipped:
-        print(f"skipped {skipped:,} row(s) whose {args.text_column!r} is missing, null or not text")
+    sources.say_skipped(skipped, args.text_column)
     if index == 0:
         raise UserError("the dataset has no documents")
     if index == 1:
@@ -147,15 +133,11 @@ def main():
     except UserError:  # unreadable: replace it
         old = None
     if old != meta:  # an unchanged file is left alone, so a re-run changes nothing
-        write_meta(args.out_dir, meta)
+        sources.write_meta(args.out_dir, meta)
     val = min(total, args.shard_size)
     print(f"wrote {args.out_dir}: {index} shards, 1 val ({val:,} tokens) and {index - 1} train "
           f"({total - val:,} tokens), meta.json")
-    # the config trains on data/fineweb, one GPU or several: shards written elsewhere are named with --data_dir
-    default = os.path.dirname(os.path.abspath(__file__))
-    elsewhere = "" if os.path.abspath(args.out_dir) == default else f" --data_dir={args.out_dir}"
-    print(f"next: python train.py config/train_gpt2_fineweb.py{elsewhere}  (8 GPUs: torchrun --standalone "
-          f"--nproc_per_node=8 train.py ...)")
+    sources.say_next("config/train_gpt2_fineweb.py", args.out_dir, HERE, sources.EIGHT_GPUS)
 
 
 # the guard matters: multiprocessing's spawn start method (macOS, Windows) re-imports this file in every worker

@@ -12,11 +12,16 @@ Instead of GPT-2's BPE, --tokenizer=train trains a byte-level BPE of --vocab_siz
 tokenizer.json beside the data, and ids are stored as uint32 when the vocabulary passes 65,536.
 """
 import argparse
+import math
+import multiprocessing
 import os
 import sys
 
+import numpy as np
+from tqdm import tqdm
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import DTYPES, import_datasets, load_documents, make_out_dir, write_meta
+from gpt.data import DTYPES, sources
 from gpt.data.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -24,27 +29,18 @@ from gpt.runtime.files import atomic_path
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--dataset", default="Skylion007/openwebtext", help="HF hub dataset id (its 'train' split)")
-parser.add_argument("--local", "--input", dest="local", help="local file or folder to read instead of the hub")
-parser.add_argument("--text_column", default="text")
+sources.add_document_options(parser, "Skylion007/openwebtext", ("--local", "--input"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 parser.add_argument("--out_dir", default=HERE)
-parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                    help="worker processes for loading and tokenizing (a good number is about half your cores)")
 parser.add_argument("--val_fraction", type=float, default=0.0005)
 parser.add_argument("--seed", type=int, default=2357)
 parser.add_argument("--tokenizer", default="gpt2",
                     help="gpt2, train (a byte-level BPE trained on the train split), or a tokenizers JSON file")
 parser.add_argument("--vocab_size", type=int, default=32768, help="vocabulary of --tokenizer=train")
-parser.add_argument("--streaming", action="store_true",
-                    help="tokenize the documents as they download, without the HF cache's copy (same output)")
 args = parser.parse_args()
-if args.num_proc < 1:
-    raise UserError(f"--num_proc must be at least 1, got {args.num_proc}")
+sources.check_document_options(args)
 if not 0 < args.val_fraction < 1:
     raise UserError(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
-if args.local is not None and not os.path.exists(args.local):
-    raise UserError(f"--local path {args.local} does not exist")
 if args.tokenizer == "gpt2":
     gpt2_encoding()  # fail now, in one line, if the BPE files are missing - not inside a worker process later
 elif args.tokenizer == "train" and args.streaming:
@@ -53,21 +49,10 @@ elif args.tokenizer == "train" and args.streaming:
 elif args.tokenizer != "train" and not os.path.isfile(args.tokenizer):
     raise UserError(f"--tokenizer {args.tokenizer}: not gpt2, train, or an existing tokenizers JSON file")
 
-# heavy imports after the argument checks, so mistakes are reported at once
-import math
-import multiprocessing
+datasets = sources.import_datasets()
 
-import numpy as np
-from tqdm import tqdm
-
-datasets = import_datasets()
-
-if not sys.stderr.isatty():
-    datasets.disable_progress_bars()  # its bars (tokenizing) too stay out of logs and CI, like ours
-
-# from the hub: 54GB in the huggingface .cache dir, about 8M documents (8,013,769)
-dataset, given_val = load_documents(args.local, args.dataset, args.text_column, args.num_proc,
-                                    streaming=args.streaming, with_val=True)
+dataset, given_val = sources.load_documents(args.local, args.dataset, args.text_column, args.num_proc,
+                                            streaming=args.streaming, with_val=True)
 if args.streaming:
     split_dataset = None
 elif given_val is not None:  # the user's own validation split (a save_to_disk DatasetDict's)
@@ -80,7 +65,7 @@ else:
     split_dataset["val"] = split_dataset.pop("test")  # rename the test split to val
 
 # the tokenizer (a trained one learns from the train split only), saved beside the data before any token
-make_out_dir(args.out_dir)
+sources.make_out_dir(args.out_dir)
 train_texts = lambda: (batch[args.text_column] for batch in split_dataset["train"].iter(batch_size=1000))
 _, meta = dataset_tokenizer(args.tokenizer, args.out_dir, train_texts, args.vocab_size)
 if meta["eot"] is None:
@@ -103,20 +88,12 @@ def process(example):
 
 def say_done(tokens):
     """The last lines: what was written where ({split: tokens}), and the command that trains on it."""
-    write_meta(args.out_dir, meta)  # last: a folder with meta.json is a finished dataset
-    print(f"wrote {args.out_dir}: train.bin ({tokens['train']:,} tokens), val.bin ({tokens['val']:,}), meta.json"
-          + (", tokenizer.json" if "tokenizer_file" in meta else ""))
-    # the config trains on data/openwebtext, one GPU or several: data written elsewhere is named with --data_dir
-    elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
-    print(f"next: python train.py config/train_gpt2.py{elsewhere}  (8 GPUs: torchrun --standalone "
-          f"--nproc_per_node=8 train.py ...)")
+    sources.finish(args.out_dir, meta, tokens["train"], tokens["val"])
+    sources.say_next("config/train_gpt2.py", args.out_dir, HERE, sources.EIGHT_GPUS)
 
 
 def say_skipped(lengths):
-    """Rows whose text column held no text (every document has at least its end-of-text token)."""
-    skipped = int((np.asarray(lengths) == 0).sum())
-    if skipped:
-        print(f"skipped {skipped:,} row(s) whose {args.text_column!r} is missing, null or not text")
+    sources.say_skipped(int((np.asarray(lengths) == 0).sum()), args.text_column)
 
 
 def encode_text(text):
@@ -140,21 +117,21 @@ if args.streaming:
     tmp_train = os.path.join(args.out_dir, "documents.tmp")
     lengths = stream_tokens(dataset, tmp_train)
     say_skipped(lengths)
-    sources = {"train": (tmp_train, lengths)}
+    streamed = {"train": (tmp_train, lengths)}
     if given_val is not None:
         tmp_val = os.path.join(args.out_dir, "val_documents.tmp")
-        sources["val"] = (tmp_val, stream_tokens(given_val, tmp_val))
-        orders = {"train": np.arange(len(lengths)), "val": np.arange(len(sources["val"][1]))}
+        streamed["val"] = (tmp_val, stream_tokens(given_val, tmp_val))
+        orders = {"train": np.arange(len(lengths)), "val": np.arange(len(streamed["val"][1]))}
     else:
         if len(lengths) < 2:
             raise UserError(f"the dataset has {len(lengths)} document(s); need at least 2 for a train/val split")
         n_val = math.ceil(args.val_fraction * len(lengths))
         permutation = np.random.default_rng(args.seed).permutation(len(lengths))
-        sources["val"] = sources["train"]
+        streamed["val"] = streamed["train"]
         orders = {"train": permutation[n_val:], "val": permutation[:n_val]}
     written = {}
     for split in ("train", "val"):
-        path, lens = sources[split]
+        path, lens = streamed[split]
         docs = np.memmap(path, dtype=DTYPES[meta["dtype"]], mode="r") if lens.sum() else np.zeros(0)
         starts = np.concatenate([[0], np.cumsum(lens)])
         order = orders[split]
@@ -165,7 +142,7 @@ if args.streaming:
                     f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
         written[split] = int(lens[order].sum())
         del docs
-    for path, _ in sources.values():
+    for path, _ in streamed.values():
         if os.path.exists(path):
             os.remove(path)
     say_done(written)
@@ -198,10 +175,3 @@ for split, dset in tokenized.items():
         del arr  # unmapped before the rename
     written[split] = arr_len
 say_done(written)
-
-# train.bin is ~17GB, val.bin ~8.5MB
-# train has ~9B tokens (9,035,582,198)
-# val has ~4M tokens (4,434,897)
-
-# to read the bin files later, e.g. with numpy:
-# m = np.memmap('train.bin', dtype=np.uint16, mode='r')

@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import make_out_dir, tiny_shakespeare, write_meta, write_tokens
+from gpt.data.sources import make_out_dir, say_next, tiny_shakespeare, write_splits
 from gpt.data.tokenizer import dataset_tokenizer
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -42,18 +42,9 @@ print(f"val has {len(val_ids):,} tokens")
 if not train_ids or not val_ids:
     raise UserError(f"{input_file_path} is too short to give both a train and a val split any tokens")
 
-# export to bin files, then meta.json last: a folder with meta.json is a finished dataset
-write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, meta["dtype"])
-write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, meta["dtype"])
-write_meta(args.out_dir, meta)
-print(f"wrote {args.out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json"
-      + (", tokenizer.json" if "tokenizer_file" in meta else ""))
+write_splits(args.out_dir, meta, train_ids, val_ids)
 # GPT-2's tokens fine-tune GPT-2 (the config reads data/shakespeare); a tokenizer of its own trains a new model
-elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
 if args.tokenizer == "gpt2":
-    print(f"next: python train.py config/finetune_shakespeare.py{elsewhere}")
+    say_next("config/finetune_shakespeare.py", args.out_dir, HERE)
 else:
     print(f"next: python train.py config/train_text.py --data_dir={args.out_dir} --out_dir=out-shakespeare-bpe")
-
-# train.bin has 301,966 tokens
-# val.bin has 36,059 tokens

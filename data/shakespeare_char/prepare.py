@@ -9,7 +9,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import make_out_dir, tiny_shakespeare, write_meta, write_tokens
+from gpt.data.sources import make_out_dir, say_next, tiny_shakespeare, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -44,19 +44,5 @@ val_ids = tok.encode(val_data)
 print(f"train has {len(train_ids):,} tokens")
 print(f"val has {len(val_ids):,} tokens")
 
-# export to bin files, then meta.json last: a folder with meta.json is a finished dataset
-write_tokens(os.path.join(args.out_dir, "train.bin"), train_ids, meta["dtype"])
-write_tokens(os.path.join(args.out_dir, "val.bin"), val_ids, meta["dtype"])
-write_meta(args.out_dir, meta)
-print(f"wrote {args.out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json "
-      f"({meta['vocab_size']} characters)")
-# the config trains on data/shakespeare_char; data written elsewhere is named with --data_dir
-elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
-print(f"next: python train.py config/train_shakespeare_char.py{elsewhere}")
-
-# length of dataset in characters:  1,115,394
-# all the unique characters:
-#  !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
-# vocab size: 65
-# train has 1,003,854 tokens
-# val has 111,540 tokens
+write_splits(args.out_dir, meta, train_ids, val_ids, f" ({meta['vocab_size']} characters)")
+say_next("config/train_shakespeare_char.py", args.out_dir, HERE)

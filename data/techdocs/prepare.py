@@ -21,14 +21,19 @@ import glob
 import gzip
 import hashlib
 import io
+import lzma
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
+import urllib.error
+import urllib.request
+import zlib
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import make_out_dir, write_meta, write_tokens
+from gpt.data.sources import make_out_dir, say_next, write_meta, write_tokens
 from gpt.data.tokenizer import GPT2_EOT, dataset_tokenizer, gpt2_encoding
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -154,9 +159,6 @@ def check_sha256(pkg, path, message):
 
 def download(pkg, folder):
     """The pinned .deb from Debian's mirror into folder, checked by its sha256; its path."""
-    import shutil
-    import urllib.error
-    import urllib.request
     path = os.path.join(folder, pkg.filename)
     print(f"downloading {pkg.url}", flush=True)
     try:
@@ -208,8 +210,6 @@ COMPRESSION = {"data.tar": "", "data.tar.xz": "xz", "data.tar.gz": "gz", "data.t
 def deb_documents(path, select):
     """[(path inside the package, text)] of the regular files of a .deb that select() picks; gzipped ones
     (Debian's .gz) are read as their content. Text is UTF-8 (a stray byte becomes U+FFFD), its line ends \\n."""
-    import lzma
-    import zlib
     name, data = deb_data(path)
     if name not in COMPRESSION:
         raise UserError(f"{path}: its {name} is a kind of archive this script does not read (known: "
@@ -351,8 +351,7 @@ def main(argv=None):
     _, meta = dataset_tokenizer("gpt2", args.out_dir)
     write_meta(args.out_dir, meta)  # last: a folder with meta.json is a finished dataset
     print(f"wrote {args.out_dir}: {', '.join(written + ['train.bin', 'val.bin', 'meta.json'])}")
-    elsewhere = "" if os.path.abspath(args.out_dir) == HERE else f" --data_dir={args.out_dir}"
-    print(f"next: python train.py config/techdocs_nanogpt.py{elsewhere}  (nanoGPT's recipe sized for it)")
+    say_next("config/techdocs_nanogpt.py", args.out_dir, HERE, "  (nanoGPT's recipe sized for it)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data import COMPRESSED, dataset_dir, make_out_dir, read_text, write_meta, write_tokens
+from gpt.data import dataset_dir
+from gpt.data.sources import COMPRESSED, make_out_dir, read_text, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta, dataset_tokenizer
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
@@ -125,12 +126,7 @@ def main(argv=None):
     train_ids, val_ids = ids[:-n_val], ids[-n_val:]
 
     make_out_dir(out_dir)
-    write_tokens(os.path.join(out_dir, "train.bin"), train_ids, meta["dtype"])
-    write_tokens(os.path.join(out_dir, "val.bin"), val_ids, meta["dtype"])
-    write_meta(out_dir, meta)  # last: a folder with meta.json is a finished dataset
-    print(f"wrote {out_dir}: train.bin ({len(train_ids):,} tokens), val.bin ({len(val_ids):,}), meta.json"
-          + (", tokenizer.json" if "tokenizer_file" in meta else "")
-          + f" ({args.tokenizer} tokenizer, {meta['vocab_size']:,} tokens)")
+    write_splits(out_dir, meta, train_ids, val_ids, f" ({args.tokenizer} tokenizer, {meta['vocab_size']:,} tokens)")
     where = f"--data_dir={out_dir}" if args.out_dir else f"--dataset={args.name} --out_dir=out-{args.name}"
     # config/train_text.py's context is the default --block_size: a smaller one must be trained with too
     context = f" --block_size={args.block_size}" if args.block_size != BLOCK_SIZE else ""

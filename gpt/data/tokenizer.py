@@ -247,7 +247,7 @@ def folder_meta(init_from):
 
 
 def exported_char_meta(tokenizer_json):
-    """The character vocabulary of a folder export.py wrote for a character model (gpt/hf/__init__.py's hf_tokenizer:
+    """The character vocabulary of a folder export.py wrote for a character model (gpt/hf/tokenizer.py's hf_tokenizer:
     one word per character, split before each, and <|endoftext|> after them) as the char meta it came from,
     so that the folder fine-tunes on its character dataset; None for any other tokenizer."""
     try:

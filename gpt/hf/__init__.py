@@ -11,7 +11,9 @@ The bridge to Hugging Face transformers, both directions, for both families:
     model_args, state_dict = load_pretrained(name)       # GPT.from_pretrained: GPT(GPTConfig(**model_args))
 
 Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without
-this module importing model.py back. Export also writes the tokenizer and a model card (export.py).
+this module importing model.py back. Export also writes the tokenizer (tokenizer.py) and a model card.
+transformers is imported inside the functions that use it: it is slow to import, and checking a folder
+(check_folder) or a model's exportable fields (refused_fields) needs none of it.
 """
 import dataclasses
 import json
@@ -21,7 +23,6 @@ import types
 import torch
 from tqdm import tqdm
 
-from gpt.data.tokenizer import GPT2_EOT, gpt2_encoding
 from gpt.runtime.errors import UserError
 
 # GPT-2 stores these as Conv1D weights, the transpose of a Linear's
@@ -63,6 +64,7 @@ FIXED = {
               "head_dim": ("hidden_size / num_attention_heads",),  # checked in _check_llama
               "mlp_bias": ("= attention_bias",)},  # checked in _check_llama
 }
+LLAMA_CHECKED = ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias")  # by _llama_rope and _check_llama
 # transformers fields that do not change the logits: dropout, initialisation, caching, token ids, the
 # GPT2DoubleHeadsModel's summary head; GPT-2's reorder_and_upcast_attn (only the precision of eager attention
 # under autocast) and Llama's pretraining_tp (transformers < 4.4x split its matmuls in slices: same sums)
@@ -94,10 +96,8 @@ def _check_unknown(config, family, problems):
 
 def _check_fixed(config, family, problems):
     for field, allowed in FIXED[family].items():
-        if field in ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias"):
-            continue  # Llama's, checked by _llama_rope and _check_llama
         value = getattr(config, field, allowed[0])
-        if value not in allowed:
+        if field not in LLAMA_CHECKED and value not in allowed:
             problems.append((field, value, f"this model computes only {' or '.join(map(repr, allowed))}"))
 
 
@@ -108,9 +108,7 @@ def _common_kwargs(cfg, family):
     i = 0 if family == "gpt2" else 1
     plain = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "norm_eps", "tie_embeddings")
     kwargs = {FIELDS[k][i]: getattr(cfg, k) for k in plain}
-    kwargs.update({field: allowed[0] for field, allowed in FIXED[family].items() if field in
-                   ("activation_function", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-                    "add_cross_attention", "hidden_act")})
+    kwargs.update({field: allowed[0] for field, allowed in FIXED[family].items() if field not in LLAMA_CHECKED})
     return kwargs
 
 
@@ -201,11 +199,9 @@ def to_hf(model):
                         f"{'it' if len(refused) == 1 else 'them'} (sample.py and hellaswag.py run this checkpoint "
                         f"as it is)")
     family = getattr(model.config, 'family', 'gpt2')
-    if family == 'gpt2':
-        return gpt2_to_hf(model)
-    if family == 'llama':
-        return llama_to_hf(model)
-    raise UserError(f"cannot export a model of family '{family}' (known: gpt2, llama)")
+    if family not in ("gpt2", "llama"):
+        raise UserError(f"cannot export a model of family '{family}' (known: gpt2, llama)")
+    return gpt2_to_hf(model) if family == "gpt2" else llama_to_hf(model)
 
 
 # --- import: transformers weights -> model_args and a state dict
@@ -349,125 +345,7 @@ def load_pretrained(model_type, dropout=0.0):
     return gpt2_from_hf(GPT2LMHeadModel.from_pretrained(model_type), dropout)
 
 
-# --- the rest of an exported folder: tokenizer, model card, the check that it loads as ours
-
-def gpt2_bpe_vocab_merges():
-    """GPT-2's vocab and merges in transformers' byte-level form, rebuilt from tiktoken's ranks (so the local
-    GPT2_TIKTOKEN_FILE is enough). Each merge is recovered by running BPE on the token's bytes with only
-    the merges ranked below it: what is left are the two halves whose merge made the token."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-    ranks = gpt2_encoding()._mergeable_ranks
-    byte_char = bytes_to_unicode()
-    text = lambda token: "".join(byte_char[b] for b in token)
-
-    def halves(token, rank):
-        parts = [bytes([b]) for b in token]
-        while len(parts) > 2:
-            pairs = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
-            best, i = min(pairs)
-            if best >= rank:
-                break
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
-        return parts
-
-    vocab, merges = {}, []
-    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-        vocab[text(token)] = rank
-        if len(token) > 1:
-            left, right = halves(token, rank)
-            merges.append((text(left), text(right)))
-    vocab["<|endoftext|>"] = GPT2_EOT
-    return vocab, merges
-
-
-EOS = "<|endoftext|>"  # the end-of-text token a character vocabulary gets, where the model has a spare id
-
-
-def hf_tokenizer(tokenizer, block_size, vocab_size):
-    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does, with an eos and
-    a pad token (the same one, padding on the left for batched generation). GPT-2 and tokenizers-JSON
-    vocabularies have theirs (<|endoftext|>, the documents' separator). A character vocabulary has none: it
-    gets <|endoftext|> as the next id where the model's vocabulary (vocab_size) has room for it - one
-    the model never saw, so never generates - and otherwise none (an id the model lacks would crash it)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    special, eos = {}, None
-    if tokenizer.name == 'gpt2':
-        vocab, merges = gpt2_bpe_vocab_merges()
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        # ByteLevel splits the text with GPT-2's own regex (tokenizer.GPT2_PAT), then maps bytes to characters
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        special = dict(unk_token="<|endoftext|>")
-    elif tokenizer.name == 'char':
-        # one token per character: split before every character, look each up, join them back without spaces
-        vocab = {ch: i for i, ch in enumerate(tokenizer.itos)}
-        if vocab_size > len(vocab) and EOS not in vocab:
-            vocab[EOS] = eos = len(tokenizer.itos)
-        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-        tok.normalizer = drop_unknown_characters(tokenizer.itos)
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-        tok.decoder = decoders.Fuse()
-        if eos is not None:
-            tok.add_special_tokens([EOS])
-    else:  # 'hf': the dataset's own tokenizers JSON, as it is
-        tok = tokenizer.hf
-    if tokenizer.eot is not None:  # documents are separated by it: it begins and ends each one
-        eot = tok.id_to_token(tokenizer.eot)
-        special.update(bos_token=eot, eos_token=eot, pad_token=eot)
-    elif eos is not None:
-        special.update(eos_token=EOS, pad_token=EOS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left",
-                                   clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES,
-                                   **special)
-
-
-def drop_unknown_characters(itos):
-    """A normalizer that removes every character outside the vocabulary, so that text holding one (an accent,
-    a curly quote, an emoji) still encodes, as the text without it, instead of failing ("Missing [UNK] token").
-    Dropping is the one fallback that adds nothing the model never saw: an <unk> id would be a row it lacks (and
-    a new row changes every likelihood), its spare id is the end of a document, and a known character in its
-    place would be text that was not there. Special tokens (<|endoftext|>) are matched before normalizing."""
-    from tokenizers import Regex, normalizers
-    known = "".join(f"\\x{{{ord(ch):x}}}" for ch in itos)  # code points: no character is special in the class
-    return normalizers.Replace(Regex(f"[^{known}]"), "")
-
-
-# what the tokenizer returns, and so what model(**tokenizer(text)) and generate(**enc) pass on. Without it,
-# transformers 4.x's PreTrainedTokenizerFast also returns token_type_ids (zeros), which GPT-2 adds as wte(0)
-# at every position (logits off by 1.5-5.8) and Llama refuses (generate crashes)
-MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
-
-
-def save_tokenizer(hf_tok, folder):
-    """save_pretrained, in a form transformers 4 and 5 both load: tokenizer_config.json names a class both
-    know (5 writes 'TokenizersBackend', which 4.x does not) and the inputs the model takes
-    (MODEL_INPUT_NAMES), and a BPE's merges are written as tokenizers < 0.20 reads them (legacy_merges)."""
-    hf_tok.save_pretrained(folder)
-    _rewrite_json(os.path.join(folder, "tokenizer_config.json"),
-                  lambda config: config.update(tokenizer_class="PreTrainedTokenizerFast",
-                                               model_input_names=MODEL_INPUT_NAMES))
-    _rewrite_json(os.path.join(folder, "tokenizer.json"), legacy_merges)
-
-
-def legacy_merges(tokenizer_json):
-    """A BPE's merges as "left right" strings, the form every tokenizers version reads, instead of the
-    [left, right] pairs tokenizers >= 0.20 writes, which the tokenizers 0.19 that transformers 4.41 requires
-    cannot read. Byte-level BPE tokens (GPT-2's) never hold a space; a vocabulary whose tokens do keeps
-    pairs, the only form that can say where such a merge splits."""
-    model = tokenizer_json.get("model", {})
-    merges = model.get("merges") or []
-    if model.get("type") == "BPE" and all(isinstance(m, list) and " " not in "".join(m) for m in merges):
-        model["merges"] = [" ".join(m) for m in merges]
-
-
-def _rewrite_json(path, change):
-    with open(path, encoding="utf-8") as f:
-        content = json.load(f)
-    change(content)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(content, f, indent=2, ensure_ascii=False)
-
+# --- the rest of an exported folder: the model card, the check that it loads as ours (the tokenizer: tokenizer.py)
 
 def tokens_seen(ckpt):
     """Training tokens of a train.py checkpoint (None where its config does not say)."""
