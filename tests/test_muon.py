@@ -427,3 +427,17 @@ def test_bench_times_the_muon_step(tmp_path):
         assert result["config"]["optimizer"] == name
         losses[name] = result["train"][0]["final_loss"]
     assert all(math.isfinite(v) for v in losses.values()) and abs(losses["adamw"] - losses["muon"]) > 1e-4, losses
+
+
+def test_muon_nesterov_reaches_the_optimizer_the_plan_builds():
+    """A Muon setting is its declaration (muon.SETTINGS) and its use (optim.build): --muon_nesterov=False gives
+    plain momentum, its default Nesterov's."""
+    from gpt import optim
+    from model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64))
+    chosen = dict(name='muon', learning_rate=1e-3, weight_decay=0.0, betas=[0.9, 0.95],
+                  **{k: s.default for k, s in muon.SETTINGS.items()})
+    assert muon.SETTINGS['muon_nesterov'].default is True
+    for nesterov in (True, False):
+        opt = optim.build(model, {**chosen, 'muon_nesterov': nesterov}, 'cpu')
+        assert {g['nesterov'] for g in opt.param_groups if g.get('muon')} == {nesterov}

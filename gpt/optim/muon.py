@@ -58,6 +58,7 @@ SETTINGS = dict(
                     0.02, "the blocks' matrices' rate, scheduled like learning_rate (KellerJordan/Muon's)"),
     muon_momentum=Setting(FRACTION, TRAINING, _without_muon, 0.95, "Nesterov momentum, as modded-nanogpt"),
     muon_weight_decay=Setting(NOT_NEGATIVE, TRAINING, _without_muon, 0.0, "decoupled weight decay of the matrices"),
+    muon_nesterov=Setting((), TRAINING, _without_muon, True, "Nesterov momentum (False: plain momentum)"),
     muon_shard=Setting((), RUN, _without_muon, True, "under DDP each rank orthogonalizes its share of the "
                        "matrices, then all-gathers"),
     scalar_lr=Setting((lambda v: v >= 0, "0 (learning_rate's) or more"),
@@ -232,7 +233,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
-              momentum, device_type, shard=True, scalars=(), scalar_lr=0.0):
+              momentum, device_type, shard=True, scalars=(), scalar_lr=0.0, nesterov=True):
     """The optimizer of optimizer='muon' (gpt/optim/__init__.py's build). muon_params: [(weight, splits or None)], the
     blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not).
     With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
@@ -261,5 +262,5 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
     print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
           f"tensors, {n_adamw:,} parameters, lr {learning_rate}" + (f"; learned scalars: {n_scalars}, at lr "
           f"{scalar_lr}" if scalar_ids else ""))
-    return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, lr=learning_rate, betas=betas,
+    return MuonAdamW(muon_groups, adamw_groups, momentum=momentum, nesterov=nesterov, lr=learning_rate, betas=betas,
                      fused=device_type == 'cuda' or None, shard=shard)
