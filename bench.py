@@ -20,12 +20,11 @@ import torch.profiler
 
 import configurator
 from gpt import generation, optim
-from gpt.config import settings
-from gpt.config.settings import BATCH_LIST, FRACTION, NOT_NEGATIVE, POSITIVE, SEED, Setting, at_least
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
 from gpt.data.loader import check_ids, check_split
 from gpt.optim import muon
-from gpt.runtime import errors, hardware
+from gpt.runtime import errors, hardware, settings
+from gpt.runtime.settings import BATCH_LIST, FRACTION, NOT_NEGATIVE, POSITIVE, SEED, Setting, at_least
 from gpt.training import stepgraph
 from gpt.training.step import set_lr, train_step
 from model import GPT, GPTConfig

@@ -28,14 +28,14 @@ import sys
 import types
 from dataclasses import replace
 
-from gpt.config.settings import MODEL, RUN, TRAINING, Setting, comments
 from gpt.runtime.errors import UserError
+from gpt.runtime.settings import MODEL, RUN, TRAINING, Setting, comments
 
 CONFIG_TYPES = (bool, int, float, str)
 
 
 def config_keys(g):
-    """The configuration of a script: its annotated settings (gpt/config/settings.py's Setting), or, in a
+    """The configuration of a script: its annotated settings (gpt/runtime/settings.py's Setting), or, in a
     script that declares none, its public module-level globals of plain types (nanoGPT's rule)."""
     notes = g.get("__annotations__", {})
     declared = [k for k, v in notes.items() if isinstance(v, Setting) and k in g]
@@ -88,7 +88,7 @@ def _expand_home(key, value):
 
 class Config(dict):
     """The final settings, {key: value}, plus `given`: the keys that config files and flags set, and
-    `declared`: each setting's declaration (gpt/config/settings.py's Setting)."""
+    `declared`: each setting's declaration (gpt/runtime/settings.py's Setting)."""
 
     def __init__(self, values, given, declared=None):
         super().__init__(values)

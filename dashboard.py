@@ -16,11 +16,11 @@ import os
 import sys
 
 import configurator
-from gpt.config.settings import PORT, Setting, check
 from gpt.monitor.server import make_server, url
 from gpt.monitor.trainlog import LOG_NAME
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
+from gpt.runtime.settings import PORT, Setting, check
 
 SETTINGS = dict(
     out_dir=Setting(default='out', doc="the run folder, holding log.jsonl"),

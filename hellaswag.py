@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 import configurator
 from gpt.checkpoint import load_model
-from gpt.config.settings import POSITIVE, Setting, at_least, check, check_init_folder
 from gpt.data.tokenizer import folder_meta, get_tokenizer
 from gpt.runtime import distributed, errors, hardware
+from gpt.runtime.settings import POSITIVE, Setting, at_least, check
 from gpt.training.hellaswag_eval import evaluate, load_examples
+from gpt.training.plan import check_init_folder
 
 SETTINGS = dict(
     init_from=Setting(default='resume', doc="'resume' (from out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a "

@@ -17,11 +17,11 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt import generation
-from gpt.config.settings import MODEL, NOT_NEGATIVE, POSITIVE, RUN, Setting, at_least, comments
 from gpt.kernels import dispatch
 from gpt.kernels.loss import logits_and_loss
 from gpt.optim import adamw
 from gpt.runtime.errors import UserError
+from gpt.runtime.settings import MODEL, NOT_NEGATIVE, POSITIVE, RUN, Setting, at_least, comments
 
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -145,8 +145,8 @@ class GPTConfig:
 
     @classmethod
     def settings(cls):
-        """Those switches declared as settings (gpt/config/settings.py): the field's default, its check and its
-        comment; a resumed or pretrained model keeps its architecture and initialisation (gpt/config/plan.py)."""
+        """Those switches declared as settings (gpt/runtime/settings.py): the field's default, its check and its
+        comment; a resumed or pretrained model keeps its architecture and initialisation (gpt/training/plan.py)."""
         docs = comments(inspect.getsource(cls))
         return {f.name: Setting(f.metadata.get('check', ()), RUN if f.metadata['kind'] == RUNTIME else MODEL,
                                 default=f.default, doc=docs.get(f.name, ''))

@@ -16,10 +16,10 @@ from tqdm import tqdm
 import configurator
 from gpt import generation
 from gpt.checkpoint import load_model
-from gpt.config import settings
-from gpt.config.settings import NUCLEUS, POSITIVE, SEED, Setting, at_least, greedy
 from gpt.data.tokenizer import folder_meta, get_tokenizer
-from gpt.runtime import hardware
+from gpt.runtime import hardware, settings
+from gpt.runtime.settings import NUCLEUS, POSITIVE, SEED, Setting, at_least, greedy
+from gpt.training.plan import check_init_folder
 
 # -----------------------------------------------------------------------------
 init_from: Setting() = 'resume'  # 'resume' (from an out_dir), a gpt2 variant (e.g. 'gpt2-xl') or a transformers folder
@@ -37,7 +37,7 @@ dtype: Setting() = 'auto'  # 'float32', 'bfloat16' or 'float16'; auto: bf16 on G
 compile: Setting() = False  # compile the one-token decode step: faster per token, once it has compiled
 # -----------------------------------------------------------------------------
 config = configurator.apply(globals(), sys.argv[1:])  # overrides from command line or config file
-settings.check_init_folder(config['init_from'])
+check_init_folder(config['init_from'])
 settings.check(config, config.declared)
 for line in settings.notes(config, config.declared):  # settings given that the others make do nothing
     print(f"note: {line}")

@@ -28,8 +28,13 @@ _imported_torch = time.time()
 import configurator
 from gpt import checkpoint, optim
 from gpt.checkpoint import rundir
-from gpt.config import plan
-from gpt.config.settings import (
+from gpt.data.loader import make_loader
+from gpt.data.tokenizer import get_tokenizer
+from gpt.monitor import server
+from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
+from gpt.optim import muon
+from gpt.runtime import distributed, hardware
+from gpt.runtime.settings import (
     FRACTION,
     MODEL,
     NOT_NEGATIVE,
@@ -40,14 +45,8 @@ from gpt.config.settings import (
     at_least,
     kept,
 )
-from gpt.data.loader import make_loader
-from gpt.data.tokenizer import get_tokenizer
-from gpt.monitor import server
-from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
-from gpt.optim import muon
-from gpt.runtime import distributed, hardware
 from gpt.runtime.signals import StopRequest
-from gpt.training import evaluation, hellaswag_eval, schedule, step, stepgraph
+from gpt.training import evaluation, hellaswag_eval, plan, schedule, step, stepgraph
 from model import GPTConfig
 
 startup = Startup(_launch_time, _imported_torch)  # where the time before the first step goes, said as it starts
@@ -55,7 +54,7 @@ startup = Startup(_launch_time, _imported_torch)  # where the time before the fi
 # -----------------------------------------------------------------------------
 # default config values designed to train a gpt2 (124M) on OpenWebText. A setting's comment is its --help line;
 # its annotation says which values make sense, when it does nothing, and what a resumed run does with it
-# (RUN, TRAINING: takes the new value; kept: refuses it). gpt/config/settings.py says more.
+# (RUN, TRAINING: takes the new value; kept: refuses it). gpt/runtime/settings.py says more.
 # I/O
 out_dir: Setting() = 'out'  # the run's folder: checkpoints and log.jsonl
 eval_interval: Setting(POSITIVE) = 2000  # evaluate (and maybe save) every N steps
@@ -121,7 +120,7 @@ seed: Setting(SEED, kept("the run's random streams go on from the checkpoint")) 
 config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), muon.SETTINGS, evaluation.SETTINGS,
                             distributed.SETTINGS, server.SETTINGS)
 # -----------------------------------------------------------------------------
-# The run is decided before anything is touched (gpt/config/plan.py): every check that can fail runs, and from
+# The run is decided before anything is touched (gpt/training/plan.py): every check that can fail runs, and from
 # here on the script reads the run from the plan: run.X, each setting as the run uses it and what follows from it
 run, source = plan.make(config)
 startup.part('plan')

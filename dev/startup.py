@@ -19,7 +19,7 @@ PIECES = [  # (what, code timed after its setup, setup)
     ("import torch", "import torch", ""),
     ("import torch._dynamo (torch.optim's first optimizer imports it)", "import torch._dynamo", "import torch"),
     ("import train.py's other modules", "import configurator, model; from gpt import checkpoint, data, optim; "
-     "from gpt.config import plan, settings; from gpt.runtime import distributed, hardware; "
+     "from gpt.training import plan, settings; from gpt.runtime import distributed, hardware; "
      "from gpt.training import evaluation, schedule, step, stepgraph; from gpt.data import loader, tokenizer; "
      "from gpt.monitor import trainlog",
      "import torch"),
@@ -27,7 +27,7 @@ PIECES = [  # (what, code timed after its setup, setup)
      "torch.manual_seed(0); m = GPT(GPTConfig(**shape))", "import torch; from model import GPT, GPTConfig"),
     ("build the model with init_device='device' (CUDA where there is one: its start included)",
      "m = plan.init_model(GPTConfig(**shape).__dict__, 0, dev); m.to(dev); sync()",
-     "import torch; from gpt.config import plan; from model import GPTConfig\n"
+     "import torch; from gpt.training import plan; from model import GPTConfig\n"
      "dev = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
      "sync = torch.cuda.synchronize if dev == 'cuda' else (lambda: None)"),
     ("check train.bin and val.bin: every id within the vocabulary (a max over each file)",

@@ -1,5 +1,5 @@
 """
-The run plan (gpt/config/plan.py): what the user gave (config.given, whatever the values), the checkpoint or
+The run plan (gpt/training/plan.py): what the user gave (config.given, whatever the values), the checkpoint or
 pretrained model, the data and the machine make one frozen plan. A resumed model is its checkpoint's: every
 architecture field the user set that differs is refused in one line, a value equal to train.py's default
 included; counts derive from the model's block_size; checkpoints and log.jsonl record the plan; a new
@@ -13,8 +13,8 @@ from conftest import flags, log_rows, run, tiny, train_settings, write_ids_datas
 
 import configurator
 from gpt.checkpoint import load_checkpoint
-from gpt.config import plan
 from gpt.runtime.errors import UserError
+from gpt.training import plan
 from model import ARCHITECTURE, GPT, GPTConfig
 
 # train.py's settings, at its defaults, for a small resumable run

@@ -1,5 +1,5 @@
 """
-What a resumed run may change: each train.py setting declares it (gpt/config/settings.py: RUN, TRAINING, kept,
+What a resumed run may change: each train.py setting declares it (gpt/runtime/settings.py: RUN, TRAINING, kept,
 and the model's fields by their kind on GPTConfig). From the declarations, a resume with each setting changed:
 a refused one is one error line; a training one changes the next steps (their learning rate, loss or gradient
 norm), so the value the plan records is the one that trains, never one a checkpoint's optimizer state
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, declarations, flags, log_rows, tiny, train_settings, write_ids_dataset
 
-from gpt.config.settings import MODEL, RUN, TRAINING, resume_groups
 from gpt.runtime import errors
+from gpt.runtime.settings import MODEL, RUN, TRAINING, resume_groups
 from model import ARCHITECTURE, INITIALISATION, GPTConfig
 
 GROUPS = resume_groups(declarations())

@@ -1,11 +1,11 @@
 """
 Settings the user gave that the run's other settings make do nothing: named in a note line each (the rules
-declared with each setting, gpt/config/settings.py's notes), never accepted in silence.
+declared with each setting, gpt/runtime/settings.py's notes), never accepted in silence.
 """
 from conftest import declarations
 
 import configurator
-from gpt.config.settings import notes as notes_of
+from gpt.runtime.settings import notes as notes_of
 
 TRAIN, SAMPLE = declarations("train.py"), declarations("sample.py")
 

@@ -1,5 +1,5 @@
 """
-What makes train.py start sooner must not change the run (gpt/config/plan.py's init_model): a new model's weights
+What makes train.py start sooner must not change the run (gpt/training/plan.py's init_model): a new model's weights
 for a seed are nanoGPT's (GPT(GPTConfig(...)) under torch.manual_seed) with init_device='cpu', and on a CPU
 with the default init_device='device', which builds the model on the run's device; a bad init_device is one
 error line; a run that does not compile never imports torch._dynamo.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import flags, log_rows, run, tiny
 
-from gpt.config import plan
+from gpt.training import plan
 from model import GPT, GPTConfig
 
 # the speedrun's switches, at a tiny size
@@ -23,8 +23,8 @@ def test_a_new_models_weights_are_nanogpts_for_its_seed():
     bitwise, and the random state outside the build is left as it was."""
     code = textwrap.dedent(f"""
         import torch
-        from gpt.config import plan
-        from gpt.config.plan import Source
+        from gpt.training import plan
+        from gpt.training.plan import Source
         from model import GPT, GPTConfig
         model_config = GPTConfig(**{SHAPE!r}).__dict__
         from types import SimpleNamespace
@@ -113,7 +113,7 @@ BROADCAST = """
 import os, sys, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
 from gpt.runtime import distributed
-from gpt.config import plan
+from gpt.training import plan
 dist.init_process_group("gloo")
 model = plan.init_model({shape!r}, seed=100 + dist.get_rank())  # as if each rank's GPU drew other weights
 distributed.broadcast_weights(model)

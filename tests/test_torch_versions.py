@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> why its difference between the tested versions is safe here; each entry was read against both sources
 REVIEWED = {
     "torch.random.fork_rng": "device_type's default is 'cuda' in 2.11 and None (the current accelerator) in "
-                             "2.13: gpt/config/plan.py always passes a device type, which both accept",
+                             "2.13: gpt/training/plan.py always passes a device type, which both accept",
     "torch.compile": "backend's default is 'inductor' in 2.11 and None in 2.13, which means inductor there; no call "
                      "here passes a backend but tests/test_hellaswag.py's own counting backend",
     "torch.nn.parallel.DistributedDataParallel": "broadcast_buffers' default is True in 2.11 and None in 2.13, "

@@ -223,7 +223,7 @@ def folder_meta(init_from):
     none and the model is GPT-2's (its vocabulary GPT-2 BPE's 50257, or 50304 padded): GPT-2 BPE, as in
     nanoGPT. Any other folder without one is a UserError naming the missing file: its ids mean nothing
     known, and GPT-2's would index past its vocabulary. (That the folder holds a transformers model at all
-    is settings.check_init_folder's to say, before this is asked.)"""
+    is gpt/training/plan.py's check_init_folder's to say, before this is asked.)"""
     if not os.path.isdir(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")

@@ -25,11 +25,11 @@ import threading
 import time
 import urllib.parse
 
-from gpt.config.settings import PORT, Setting
 from gpt.monitor.trainlog import LOG_NAME
 from gpt.runtime.errors import UserError
+from gpt.runtime.settings import PORT, Setting
 
-# train.py's settings for the live page of its own run, set like train.py's own (gpt/config/settings.py)
+# train.py's settings for the live page of its own run, set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
     dashboard=Setting(unused=lambda c: c.get('eval_only', False) and "eval_only writes no log for the page to show",
                       default=False, doc="serve a live page of the run's log on 127.0.0.1 (dashboard.py serves one "

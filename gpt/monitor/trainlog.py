@@ -7,7 +7,7 @@ Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval 
     train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
     eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
 and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
-first writes a row of kind "plan": the run plan (gpt/config/plan.py's RunPlan.record()), as its checkpoints record it,
+first writes a row of kind "plan": the run plan (gpt/training/plan.py's RunPlan.record()), as its checkpoints record it,
 and, as its first step starts, one of kind "startup": where the time from launch went (seconds per part).
 Values that do not apply are null. The "end" row also has best_val_loss, checkpoint (its path) and
 next_command (what to type next), null where the run has none. The checkpoint records the log's length in

@@ -35,8 +35,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from gpt.config.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting, kept
 from gpt.optim.adamw import AdamW, WithoutDynamo
+from gpt.runtime.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting, kept
 
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -51,7 +51,7 @@ def _no_learned_scalars(c):
                                 and "the model has no learned scalars (value_embeds, skip_connections)")
 
 
-# train.py's settings for Muon (optimizer='muon'), set like train.py's own (gpt/config/settings.py)
+# train.py's settings for Muon (optimizer='muon'), set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
     muon_lr=Setting((lambda v: v > 0, "positive (for AdamW alone: --optimizer=adamw)"), TRAINING, _without_muon,
                     0.02, "the blocks' matrices' rate, scheduled like learning_rate (KellerJordan/Muon's)"),

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.config.settings import POSITIVE, Setting
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
+from gpt.runtime.settings import POSITIVE, Setting
 
 # train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, set like train.py's own
-# (gpt/config/settings.py); the defaults are the fastest of docs/scaling.md's table
+# (gpt/runtime/settings.py); the defaults are the fastest of docs/scaling.md's table
 SETTINGS = dict(
     ddp_reduce_dtype=Setting(default='float32', doc="gradients summed over the GPUs in 'float32' (exact) or "
                              "'bfloat16' (half the bytes)"),

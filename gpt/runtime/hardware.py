@@ -12,7 +12,7 @@ from gpt.runtime.errors import UserError
 
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
-# train.py's init_device: where a new model's weights are drawn (gpt/config/plan.py's init_model says why)
+# train.py's init_device: where a new model's weights are drawn (gpt/training/plan.py's init_model says why)
 INIT_DEVICES = (lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' (drawn on the "
                 "run's device: faster on a GPU, other weights for the seed)")
 PEAK_FLOPS = [

@@ -8,16 +8,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gpt.config.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 from gpt.data import open_tokens
 from gpt.generation import until_eot
+from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
 
 def _no_samples(c):
     return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
 
 
-# train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/config/settings.py)
+# train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
     sample_interval=Setting(NOT_NEGATIVE, default=0, doc="print samples every N steps and at the end (0: off)"),
     sample_prompt=Setting(unused=_no_samples, default="Hello, I'm a language model,", doc="what the samples continue"),

@@ -3,7 +3,7 @@ Every setting is declared once, beside the code that owns it: its default, the v
 line of documentation, when it does nothing, and what a resumed run does with it. From the declarations come
 `--help` (configurator.py), the tables of docs/configuration.md (tests/test_docs.py holds them to it), the
 checks before a run (check), the notes on settings given that do nothing here (notes) and what a resume may
-change (gpt/config/plan.py).
+change (gpt/training/plan.py).
 
 A script's own settings are its module-level globals, as in nanoGPT, each annotated with its declaration; the
 value is the default and the comment its documentation:
@@ -13,7 +13,6 @@ value is the default and the comment its documentation:
 A feature declares its settings beside its code as a dict of name -> Setting (gpt/optim/muon.py's SETTINGS),
 which the script hands to the configurator. Adding a setting to a feature is its declaration and its use.
 """
-import os
 import re
 from dataclasses import dataclass, replace
 
@@ -23,7 +22,7 @@ from gpt.runtime.errors import UserError
 RUN = 'run'  # takes it: how the run is carried out, evaluated, logged and saved, the same training either way
 TRAINING = 'training'  # takes it: the next step trains with the new value (a rate, the schedule, the batch, the data)
 # kept(why): refuses it, saying why (the optimizer's state or the random streams depend on it)
-MODEL = 'model'  # a model field: the weights' own, kept as its kind on GPTConfig says (gpt/config/plan.py)
+MODEL = 'model'  # a model field: the weights' own, kept as its kind on GPTConfig says (gpt/training/plan.py)
 
 
 def kept(why):
@@ -127,13 +126,3 @@ def resume_groups(declarations):
             groups[s.resume].append(key)
     return groups
 
-
-def check_init_folder(init_from):
-    """init_from a folder: one that holds a transformers model (not a run's out_dir, not an empty one, its
-    config.json readable, each field of its type), before anything reads its weights or tokenizer."""
-    if os.path.isdir(init_from):
-        from dataclasses import fields
-
-        from gpt.hf import check_folder  # here: gpt.hf imports torch and transformers; this module is a leaf
-        from model import GPTConfig
-        check_folder(init_from, {f.name: f.type for f in fields(GPTConfig)})  # GPTConfig says each field's type

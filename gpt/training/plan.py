@@ -27,12 +27,11 @@ import torch
 
 from gpt import checkpoint, hf, optim
 from gpt.checkpoint import rundir
-from gpt.config import settings
 from gpt.data import dataset_label, find_dataset
 from gpt.data.tokenizer import check_data_for_model, get_tokenizer
 from gpt.monitor.trainlog import check_wandb
 from gpt.optim import muon
-from gpt.runtime import distributed, hardware
+from gpt.runtime import distributed, hardware, settings
 from gpt.runtime.errors import UserError
 from gpt.training import schedule, stepgraph
 from model import ARCHITECTURE, GPT, INITIALISATION, RUNTIME, GPTConfig
@@ -77,7 +76,7 @@ def source(init_from, out_dir, parallelism):
 
 
 def check_settings(c):
-    """Every declared check (gpt/config/settings.py), and what train.py's settings must be together."""
+    """Every declared check (gpt/runtime/settings.py), and what train.py's settings must be together."""
     if not c['dataset'].strip() and not c['data_dir'].strip():
         raise UserError("dataset is empty: name one (e.g. --dataset=shakespeare_char), or give --data_dir")
     if not c['out_dir'].strip():
@@ -86,9 +85,17 @@ def check_settings(c):
     if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
-    settings.check_init_folder(init_from)
+    check_init_folder(init_from)
     settings.check(c, c.declared)
     schedule.check_decay(c['learning_rate'], c['min_lr'], schedule.in_effect(c))  # both valid
+
+
+def check_init_folder(init_from):
+    """init_from a folder: one that holds a transformers model (not a run's out_dir, not an empty one, its
+    config.json readable, each field of the type GPTConfig says), before anything reads its weights or
+    tokenizer. sample.py and hellaswag.py check theirs here too."""
+    if os.path.isdir(init_from):
+        hf.check_folder(init_from, {f.name: f.type for f in fields(GPTConfig)})
 
 
 def check_reachable(name):
