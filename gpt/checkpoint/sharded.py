@@ -11,7 +11,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from gpt import checkpoint
+from gpt import checkpoint  # the module, not its names: it imports this one while it loads
 from gpt.checkpoint import rundir
 from gpt.runtime.errors import UserError
 
