@@ -1,39 +1,16 @@
 """
-The run's folder, out_dir: writable, held by one run at a time, and never shared by two runs' files.
-
-- check(out_dir, fresh) says everything that can go wrong, touching nothing: out_dir is a folder that can be
-  written or made (a failed check leaves no empty folder behind), no live run holds it, and (fresh) an
-  earlier run's files in it can be moved aside. The run plan calls it before any side effect.
-- claim(out_dir, fresh) then does it: makes out_dir, locks it, and (fresh: a new run, not a resumed one)
-  moves an earlier run's files aside. It returns a Claim: what this run holds and changed, so that
-  `Claim.owner_problem` can tell before every save that the folder is still this run's, and `Claim.undo` can
-  put the disk back as it was when a run fails before it starts (errors.on_failure calls it).
-- Two locks are held for the life of the run (rank 0 alone under torchrun), both flock(2), which the kernel
-  drops when its process dies, however it dies: one on out_dir/run.lock, which holds the holder's PID, host
-  and a run id, and one on the folder itself. Removing run.lock by hand cannot remove the second, so a
-  second run is refused all the same (naming the holder's PID from /proc/locks where there is one). flock
-  on a folder works on Linux and macOS (BSD flock takes any open file, folders included). run.lock is
-  removed at a clean exit, so a run that finds it there, unlocked, says it takes over from one that died.
-  On NFS, Linux turns flock into an NFS byte-range lock that other clients see (NFSv4, or v3 with lockd);
-  those are locks on files, so the folder lock may not be had there: then run.lock alone keeps runs apart,
-  and a run.lock removed by hand stops the next save (`owner_problem`) rather than let two runs mix. A mount
-  with `nolock` or `local_lock=all` keeps locks on one machine, and then only runs on the same node are kept
-  apart.
-- A new run into a folder holding an earlier run's log or checkpoints moves them into
-  out_dir/earlier-<date>-<time>/ first, saying so: nothing of the earlier run is mixed in or deleted, and it
-  can still be resumed from there.
-- The run's own files are never written through a link. A symbolic link where a run keeps a file of its own
-  (run.lock, log.jsonl, ckpt.pt, ckpt-*.pt, ckpt_dcp/) is refused by check(), naming it, since writing
-  there would change the file it points to (a run.lock linked to ~/.bashrc would be truncated); run.lock is
-  opened with O_NOFOLLOW in case one appears after the check. out_dir itself may be a link (out ->
-  /scratch/run): that is where the user put the folder. A hard-linked run.lock (the folder copied with
-  `cp -al`) is replaced by a file of this run's own, so the copy's is left as it was; the log does the same
-  (gpt/monitor/trainlog.py), and checkpoints are written to new files and renamed (gpt/runtime/files.py), which never
-  touches another name's file.
+The run's folder, out_dir: writable, held by one run at a time, and never shared by two runs' files
+(docs/checkpoints.md#one-run-per-out_dir). check() says what can go wrong, touching nothing; claim() makes
+out_dir, locks it and (a new run) moves an earlier run's files into out_dir/earlier-<date>-<time>/. The Claim
+it returns tells before every save whether the folder is still this run's, and undoes itself when the run
+fails before its first step. Two flock(2) locks, which the kernel drops when the process dies: one on
+out_dir/run.lock, which names the holder, and one on the folder itself, which removing run.lock by hand
+cannot remove (on NFS only run.lock's may be had). The run's own files are never written through a link.
 """
 import atexit
 import datetime
 import errno
+import fcntl
 import os
 import re
 import socket
@@ -43,15 +20,9 @@ import uuid
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import nearest_existing
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock
-    fcntl = None
-
 LOCK_NAME = "run.lock"
-# what belongs to a run: its log and checkpoints (ckpt-<iter>.pt, ckpt-tok....pt, fsdp's ckpt_dcp/)
+# what belongs to a run: its log and checkpoints (also ckpt-<iter>.pt and ckpt-tok....pt: is_run_file)
 RUN_FILES = ("log.jsonl", "ckpt.pt", "ckpt_dcp", "ckpt_dcp.old")
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # what flock says when another process holds the lock
 
 
@@ -83,15 +54,10 @@ def check(out_dir, fresh):
                             f"(not writable): choose another --out_dir, or resume it with --init_from=resume")
 
 
-def own_files(out_dir):
-    """The names in out_dir of files a run writes itself (its lock, log and checkpoints, a sharded save's
-    temporary folder)."""
-    return [f for f in os.listdir(out_dir) if f in (LOCK_NAME, "ckpt_dcp.tmp") or is_run_file(f)]
-
-
 def check_no_links(out_dir):
     """A UserError naming each symbolic link where the run would write a file of its own."""
-    links = [os.path.join(out_dir, f) for f in sorted(own_files(out_dir)) if os.path.islink(os.path.join(out_dir, f))]
+    links = [os.path.join(out_dir, f) for f in sorted(os.listdir(out_dir))
+             if (f in (LOCK_NAME, "ckpt_dcp.tmp") or is_run_file(f)) and os.path.islink(os.path.join(out_dir, f))]
     if links:
         named = ", ".join(f"{path} (a link to {os.readlink(path)})" for path in links)
         them = "it (what it points to" if len(links) == 1 else "them (what they point to"
@@ -105,13 +71,19 @@ def in_use(out_dir, holder):
 
 
 def claim(out_dir, fresh):
-    """Make out_dir ready for a run, before any other use of it: made if need be, writable, locked, and (fresh:
-    a new run, not a resumed one) cleared of an earlier run's files, which are kept aside. Returns the Claim;
-    a failure here undoes what it did and is one line."""
+    """Make out_dir ready for a run, before any other use of it: made if need be, writable, locked, and (fresh)
+    cleared of an earlier run's files, which are kept aside. Returns the Claim; a failure undoes it all."""
     check(out_dir, fresh)
     held = Claim(out_dir)
     try:
-        held.made = make_folders(out_dir)
+        path = os.path.abspath(out_dir)
+        while not os.path.lexists(path):  # the folders to make, outermost first: undo removes them again
+            held.made.insert(0, path)
+            path = os.path.dirname(path)
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"out_dir {out_dir} cannot be made ({e.strerror or e}): choose another --out_dir")
         check_writable(out_dir)
         held.hold()
         if fresh:
@@ -123,22 +95,9 @@ def claim(out_dir, fresh):
     return held
 
 
-def make_folders(out_dir):
-    """os.makedirs, returning the folders it made, outermost first (what Claim.undo removes again)."""
-    made, path = [], os.path.abspath(out_dir)
-    while not os.path.lexists(path):
-        made.insert(0, path)
-        path = os.path.dirname(path)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"out_dir {out_dir} cannot be made ({e.strerror or e}): choose another --out_dir")
-    return made
-
-
 def check_writable(out_dir):
-    """Fail before training, not at the first save, when checkpoints cannot be written (access(2) in check()
-    does not see everything: a full disk, a quota, ACLs)."""
+    """Fail before training, not at the first save, where access(2) says yes but a file cannot be made (a
+    full disk, a quota, ACLs)."""
     try:
         with tempfile.TemporaryFile(dir=out_dir):
             pass
@@ -147,28 +106,22 @@ def check_writable(out_dir):
 
 
 class Claim:
-    """One run's hold on out_dir: its locks, the run id written into run.lock, and what claim() changed
-    (the folders it made, the earlier run's files it moved aside), to be undone if the run fails before it
-    starts. Held by train.py's rank 0; a resumed or fresh run alike."""
+    """One run's hold on out_dir: its locks, the run id written into run.lock, and what claim() changed (the
+    folders it made, the earlier run's files it moved aside), undone if the run fails before it starts."""
 
     def __init__(self, out_dir):
-        self.out_dir = out_dir
-        self.lock_path = os.path.join(out_dir, LOCK_NAME)
+        self.out_dir, self.lock_path = out_dir, os.path.join(out_dir, LOCK_NAME)
         self.run_id = uuid.uuid4().hex[:12]
-        self.made = []  # folders claim() made, outermost first
-        self.aside = None  # the earlier-* folder the earlier run's files went to, or None
-        self.dir_fd = self.lock_fd = None  # the locked folder and lock file (None: no lock to be had)
+        self.made, self.aside = [], None
+        self.dir_fd = self.lock_fd = None
         self.folder = None  # out_dir's (device, inode) when claimed: moved or replaced later, it is not ours
         self.lock_text = b""  # what this run wrote into run.lock
-        self.settled = False  # the run has started: its files are real, nothing is undone
+        self.settled = False  # the run has started: nothing is undone
 
     def hold(self):
-        """Take both locks, the folder's first (it survives run.lock being removed); one line if another live
-        run holds either."""
+        """Take both locks, the folder's first; one line if another live run holds either."""
         st = os.stat(self.out_dir)
         self.folder = (st.st_dev, st.st_ino)
-        if fcntl is None:
-            return
         self.dir_fd = os.open(self.out_dir, os.O_RDONLY)
         try:
             fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,8 +135,12 @@ class Claim:
 
     def hold_lock_file(self):
         path = self.lock_path
-        while True:  # plain file descriptors: nothing buffered that a full disk could fail to flush at exit
-            fd = self.open_lock_file()
+        while True:  # until the locked file is the one at the path, and ours alone
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                check_no_links(self.out_dir)  # a link made since check(): refused as check() does
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -208,7 +165,7 @@ class Claim:
             print(f"note: taking over {path} from a run that ended without releasing it ({previous})")
         text = (f"PID {os.getpid()} on host {socket.gethostname()}, since "
                 f"{datetime.datetime.now().isoformat(timespec='seconds')}, run {self.run_id}\n").encode()
-        try:
+        try:  # plain file descriptors: nothing buffered that a full disk could fail to flush at exit
             os.ftruncate(fd, 0)
             os.pwrite(fd, text, 0)
             self.lock_text = text
@@ -216,23 +173,10 @@ class Claim:
             pass  # a full disk: the lock holds all the same, without the holder's name
         self.lock_fd = fd
 
-    def open_lock_file(self):
-        """run.lock, made if need be, never through a link: check() refused one, and one made since is too."""
-        try:
-            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
-        except OSError:
-            if os.path.islink(self.lock_path):
-                check_no_links(self.out_dir)
-            raise
-
     def owner_problem(self):
-        """Why out_dir is no longer this run's, in words, or None: it still is. A query, asked before every
-        save: out_dir must be the folder this run claimed (not moved, not removed and made again), and
-        run.lock the file this run locked, holding what it wrote (the run id: a new file can reuse the
-        inode). A run.lock removed by hand is no problem while the folder lock holds (no other run can have
-        claimed the folder); without one it cannot be told from another run that came and went."""
-        if self.folder is None:
-            return None  # claimed without locks (Windows)
+        """Why out_dir is no longer this run's, in words, or None. Asked before every save: out_dir must be the
+        folder this run claimed, and run.lock the file it locked, holding what it wrote (a new file can reuse
+        the inode). A run.lock removed by hand is no problem while the folder lock holds."""
         try:
             st = os.stat(self.out_dir)
         except OSError as e:
@@ -257,15 +201,21 @@ class Claim:
         self.settled = True
 
     def undo(self, quiet=False):
-        """Put the disk back as claim() found it, unless the run has started (settle): the earlier run's files
-        back in out_dir (each whose name this run has not used meanwhile), the locks let go, the folders
-        claim() made removed while empty. For a failure before the first step (errors.on_failure); a second
-        call does nothing."""
+        """Put the disk back as claim() found it, unless the run has started: the earlier run's files back (each
+        whose name this run has not used meanwhile), the locks let go, the folders claim() made removed while
+        empty. A second call does nothing."""
         if self.settled:
             return
         self.settled = True
         if self.aside:
-            self.put_back(quiet)
+            back = [name for name in sorted(os.listdir(self.aside)) if move(self.aside, self.out_dir, name)]
+            try:
+                os.rmdir(self.aside)
+                where = f"are back in {self.out_dir}"
+            except OSError:
+                where = f"stay in {self.aside}"
+            if not quiet:
+                print(f"note: this run did not start, so the earlier run's {', '.join(back) or 'files'} {where}")
         self.release()
         for folder in reversed(self.made):
             try:
@@ -273,31 +223,11 @@ class Claim:
             except OSError:
                 break  # not empty (or not ours to remove): it stays, and so do the folders above it
 
-    def put_back(self, quiet):
-        back, kept = [], []
-        for name in sorted(os.listdir(self.aside)):
-            target = os.path.join(self.out_dir, name)
-            try:
-                if os.path.lexists(target):
-                    raise FileExistsError(errno.EEXIST, "exists")
-                os.rename(os.path.join(self.aside, name), target)
-                back.append(name)
-            except OSError:
-                kept.append(name)
-        if not kept:
-            try:
-                os.rmdir(self.aside)
-            except OSError:
-                kept.append("(the folder)")
-        if not quiet:
-            print(f"note: this run did not start, so the earlier run's {', '.join(back) or 'files'} "
-                  + (f"are back in {self.out_dir}" if not kept else f"stay in {self.aside}"))
-
     def release(self):
-        """A clean end: remove the lock file, then let go of the locks (a run that opened the file meanwhile
-        sees that it is no longer at its path, and tries again)."""
+        """A clean end: remove run.lock (never another run's), then let go of the locks (a run that opened the
+        file meanwhile sees that it is no longer at its path, and tries again)."""
         if self.lock_fd is not None:
-            if self.owner_problem() is None:  # never remove another run's lock file
+            if self.owner_problem() is None:
                 try:
                     os.remove(self.lock_path)
                 except OSError:
@@ -309,20 +239,28 @@ class Claim:
             self.dir_fd = None
 
 
+def move(src, dst, name):
+    """Move src/name to dst/name unless dst has that name; returns whether it moved."""
+    try:
+        if os.path.lexists(os.path.join(dst, name)):
+            return False
+        os.rename(os.path.join(src, name), os.path.join(dst, name))
+        return True
+    except OSError:
+        return False
+
+
 def read_start(path):
     with open(path, "rb") as f:
         return f.read(1000)
 
 
 def live_holder(out_dir):
-    """Who holds out_dir (words), or None: nobody alive. A probe that creates nothing: each lock (the folder's,
-    run.lock's if there is one) is tried and at once let go."""
-    if fcntl is None:
-        return None
+    """Who holds out_dir (words), or None: nobody alive. Each lock is tried and at once let go."""
     lock = os.path.join(out_dir, LOCK_NAME)
     for path in (out_dir, lock):
         try:
-            fd = os.open(path, os.O_RDONLY | (NOFOLLOW if path == lock else 0))
+            fd = os.open(path, os.O_RDONLY | (os.O_NOFOLLOW if path == lock else 0))
         except OSError:
             continue  # no run.lock (or a link, which check() refuses): nobody holds it
         try:
@@ -337,7 +275,7 @@ def live_holder(out_dir):
 
 
 def holder_words(out_dir):
-    """The live holder of out_dir, in words: what its run.lock says, else its PID from /proc/locks."""
+    """The live holder of out_dir, in words: what its run.lock says, else its PID from Linux's /proc/locks."""
     lock = os.path.join(out_dir, LOCK_NAME)
     try:
         text = read_start(lock).decode(errors="replace").strip()
@@ -345,31 +283,25 @@ def holder_words(out_dir):
         text = ""
     if text:
         return f"{text}; lock {lock}"
-    pid = folder_lock_pid(out_dir)
+    try:
+        ino = os.stat(out_dir).st_ino
+        with open("/proc/locks") as f:
+            pids = {m.group(1) for row in f if (m := re.search(r"FLOCK\s+\S+\s+WRITE\s+(\d+)\s+\w+:\w+:(\d+)\s", row))
+                    and int(m.group(2)) == ino}
+    except OSError:
+        pids = set()
+    pid = pids.pop() if len(pids) == 1 else None
     return (f"{'PID ' + pid if pid else 'a process'} on this host holds the folder's lock; its {LOCK_NAME} was "
             f"removed")
 
 
-def folder_lock_pid(path):
-    """The PID holding an flock on `path`, from Linux's /proc/locks (None where there is none to read)."""
-    try:
-        ino = os.stat(path).st_ino
-        with open("/proc/locks") as f:
-            rows = f.read().splitlines()
-    except OSError:
-        return None
-    pids = {m.group(1) for row in rows if (m := re.search(r"FLOCK\s+\S+\s+WRITE\s+(\d+)\s+\w+:\w+:(\d+)\s", row))
-            and int(m.group(2)) == ino}
-    return pids.pop() if len(pids) == 1 else None
+def is_run_file(name):
+    return name in RUN_FILES or (name.startswith("ckpt-") and name.endswith(".pt"))
 
 
 def earlier_run(out_dir):
     """The names of an earlier run's files in out_dir."""
     return sorted(f for f in os.listdir(out_dir) if is_run_file(f))
-
-
-def is_run_file(name):
-    return name in RUN_FILES or (name.startswith("ckpt-") and name.endswith(".pt"))
 
 
 def earlier_runs(out_dir):
@@ -387,7 +319,7 @@ def earlier_runs(out_dir):
 
 def set_aside(out_dir):
     """Move an earlier run's files into out_dir/earlier-<date>-<time>/, saying so. Returns that folder, or
-    None when there was nothing to move."""
+    None when there was nothing to move; on a failure, what was moved goes back."""
     names = earlier_run(out_dir)
     if not names:
         return None
@@ -396,16 +328,14 @@ def set_aside(out_dir):
     while os.path.lexists(dest):
         n += 1
         dest = os.path.join(out_dir, f"earlier-{stamp}-{n}")
-    moved = []
     try:
         os.makedirs(dest)
         for name in names:
             os.rename(os.path.join(out_dir, name), os.path.join(dest, name))
-            moved.append(name)
     except OSError as e:
-        for name in moved:  # what was moved goes back: a failed run leaves the folder as it found it
-            os.rename(os.path.join(dest, name), os.path.join(out_dir, name))
         if os.path.isdir(dest):
+            for name in os.listdir(dest):
+                move(dest, out_dir, name)
             os.rmdir(dest)
         raise UserError(f"out_dir {out_dir} holds an earlier run ({', '.join(names)}) that could not be moved "
                         f"aside to {dest} ({e.strerror or e}): choose another --out_dir, or resume it with "

@@ -326,23 +326,27 @@ def check_folder(folder, field_types=None):
 def load_pretrained(model_type, dropout=0.0):
     """(model_args, state dict) from GPT-2 weights through transformers - a hub name (gpt2, gpt2-medium,
     gpt2-large, gpt2-xl) or a local folder written by save_pretrained - or from a Llama folder. A folder's
-    config is checked before its weights are read."""
-    if os.path.isdir(model_type):
-        from transformers import AutoConfig
-        check_folder(model_type)
-        try:
-            config = AutoConfig.from_pretrained(model_type)
-        except Exception as e:  # transformers' ValueError, OSError; huggingface_hub's StrictDataclassError
-            raise UserError(f"{model_type}: transformers cannot read its config.json "
-                            f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
-        args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
-        if config.model_type == "llama":
-            from transformers import LlamaForCausalLM
-            print(f"loading Llama weights from {model_type}")
-            return llama_from_hf(LlamaForCausalLM.from_pretrained(model_type), dropout)
-    from transformers import GPT2LMHeadModel
-    print(f"loading GPT-2 weights from {model_type}")
-    return gpt2_from_hf(GPT2LMHeadModel.from_pretrained(model_type), dropout)
+    config is checked before its weights are read; weights that cannot be had are one line (UserError)."""
+    try:
+        if os.path.isdir(model_type):
+            from transformers import AutoConfig
+            check_folder(model_type)
+            try:
+                config = AutoConfig.from_pretrained(model_type)
+            except Exception as e:  # transformers' ValueError, OSError; huggingface_hub's StrictDataclassError
+                raise UserError(f"{model_type}: transformers cannot read its config.json "
+                                f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+            args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
+            if config.model_type == "llama":
+                from transformers import LlamaForCausalLM
+                print(f"loading Llama weights from {model_type}")
+                return llama_from_hf(LlamaForCausalLM.from_pretrained(model_type), dropout)
+        from transformers import GPT2LMHeadModel
+        print(f"loading GPT-2 weights from {model_type}")
+        return gpt2_from_hf(GPT2LMHeadModel.from_pretrained(model_type), dropout)
+    except OSError as e:
+        raise UserError(f"could not load GPT-2 weights '{model_type}' (no network, or not a model name or "
+                        f"folder?): {str(e).splitlines()[0]}")
 
 
 # --- the rest of an exported folder: the model card, the check that it loads as ours (the tokenizer: tokenizer.py)
