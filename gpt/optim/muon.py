@@ -11,9 +11,9 @@ the singular values into about [0.7, 1.2] fast rather than to exactly 1. The upd
 sqrt(max(1, rows / cols)) so that tall matrices take steps of the same per-entry size.
 
 Cost: the iteration is matmuls on (m x n) matrices, about (4 m^2 n + 2 m^3) x 5 FLOPs each (m <= n): for
-GPT-2 124M 1.6 TFLOP a step, a few ms on an H100, provided it runs as a few big matmuls, not hundreds of
-small launches: matrices of one shape (all the blocks' q, k, v and attention
-projections; the MLP's both matrices, the tall one transposed) are stacked and iterated as one batch. The
+GPT-2 124M 1.6 TFLOP a step, cheap on a GPU provided it runs as a few big matmuls, not hundreds of small
+launches: matrices of one shape (all the blocks' q, k, v and attention projections; the MLP's both
+matrices, the tall one transposed) are stacked and iterated as one batch. The
 work around it is batched too: the momentum of every matrix in multi-tensor (torch._foreach_) ops, each
 shape's updates scaled as one stack and subtracted from the weights by one multi-tensor op.
 
@@ -26,8 +26,8 @@ all launched before any is waited for) hands every rank the whole stack. Each ra
 update, so the weights stay the same everywhere. It saves (world_size - 1) / world_size of the iteration
 for one all-gather of the updates (bf16: half the bytes of the gradients' all-reduce). Its results equal
 the unshared iteration's up to the batched matmul's rounding (tests/test_muon.py, two gloo ranks). One
-process (and muon_shard=False) keeps the unshared path as it was. The CUDA graph (gpt/training/stepgraph.py) is one
-GPU only, so a captured step never meets the collective.
+process (and muon_shard=False) keeps the unshared path. The CUDA graph (gpt/training/stepgraph.py) is one GPU
+only, so a captured step never meets the collective.
 FSDP shards the matrices themselves, so that Muon would need to gather them: refused (see configure()).
 """
 import math

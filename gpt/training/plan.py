@@ -1,22 +1,18 @@
 """
 The run plan: what a training run is, decided once, before anything is touched.
 
-train.py hands make() what the user gave (the settings, and which of them config files and flags set: the
-configurator's config.given), where the weights come from (source(): a checkpoint to resume, a pretrained
-model, or nothing), the dataset's metadata and the machine. make() merges them and computes every derived
-value once: the model's config (every GPTConfig field), block_size, the micro-steps of gradient accumulation,
-tokens per step, the iteration counts, and what happens to out_dir. It refuses in one line what cannot be:
-an architecture field the user set that differs from the checkpoint's or the pretrained model's, an
-initialisation field that would be ignored. The plan is frozen; train.py builds everything from it, and the
-checkpoints and log.jsonl record it (record()).
+make() takes what the user gave (the configurator's Config: the settings, their declarations, and which of
+them config files and flags set), reads where the weights come from (source(): a checkpoint, a pretrained
+model, or nothing), the dataset's metadata and the machine, runs every check that can fail, and computes every
+derived value once: the model's config, the batch split, the iteration counts, what happens to out_dir. The
+plan is frozen; train.py reads the run from it, and checkpoints and log.jsonl record it (record()).
 
-Which GPTConfig fields are architecture, initialisation or runtime is said on the fields themselves
-(model.py); this module reads it there, so a new field is handled here without a word of change:
-    architecture    from the checkpoint (resume) or the pretrained model; a given value that differs: refused
-                    (block_size of a pretrained model may be smaller: the model is cropped, as nanoGPT does)
-    initialisation  from the settings for a new model; with weights to start from, a given value that differs
-                    from the checkpoint's run (or, pretrained, from the default) is refused: it would do nothing
-    runtime         from the settings, always (dropout, the loss's chunking)
+Which GPTConfig fields are architecture, initialisation or runtime is said on the fields (model.py):
+    architecture    the checkpoint's or the pretrained model's; a given value that differs is refused (a
+                    pretrained model's block_size may be smaller: the model is cropped, as nanoGPT does)
+    initialisation  the settings' for a new model; with weights to start from, a given value that differs
+                    from what made them is refused: it would do nothing
+    runtime         the settings', always (dropout, the loss's chunking)
 """
 import os
 from contextlib import nullcontext
@@ -434,15 +430,13 @@ def build_model(plan, src, seed):
 
 def init_model(model_config, seed=None, device='cpu'):
     """A new GPT of model_config (a dict of GPTConfig's fields), its weights drawn on `device` from the seed
-    (None: from the random state as it is). On the CPU, the weights of a seed are nanoGPT's on any machine, but
-    drawing them takes seconds at GPT-2's size (torch's default init, then GPT-2's: every weight twice); on a
-    GPU they take milliseconds, from its own generator: other weights for the same seed, the same distributions
-    (and GPUs of other models may draw differently, which FSDP, having no broadcast, would notice). The random
-    state outside is left as it was whenever a seed is given."""
+    (None: from the random state as it is, which a seed leaves as it was). On the CPU a seed gives nanoGPT's
+    weights on any machine, slowly at GPT-2's size (every weight is drawn twice: torch's init, then GPT-2's);
+    on a GPU, quickly, from its own generator: the same distributions, other weights for the same seed."""
     device = torch.device(device)
     on_device = device.type != 'cpu'
-    # device_type is always named: torch 2.11 raises on None (2.13 reads None as the current accelerator); with
-    # devices=[] no device's state is touched, whatever the type
+    # device_type is always named, since torch versions read None differently; with devices=[] no device's
+    # state is touched, whatever the type
     fork = torch.random.fork_rng(devices=[device] if on_device else [],
                                  device_type=device.type if on_device else 'cuda')
     with fork if seed is not None else nullcontext(), device if on_device else nullcontext():
