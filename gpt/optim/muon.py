@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gpt.optim.adamw import AdamW, WithoutDynamo
+from gpt.runtime.errors import UserError
 from gpt.runtime.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting, kept
 
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
@@ -238,6 +239,9 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
     With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
     rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/training/step.py's set_lr);
     with 0 they train in the 1-D group, at learning_rate."""
+    if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
+        raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
+                        f"{muon_lr}, {scalar_lr})")
     muon_ids = {id(p) for p, _ in muon_params}
     scalar_ids = {id(p) for p in scalars} if scalar_lr else set()
     adamw_params = [p for p in adamw_params if id(p) not in muon_ids]
