@@ -92,6 +92,7 @@ CHANGED = {
     'dropout': ["--dropout=0.3"],
     'grad_clip': ["--grad_clip=0.05"],
     'muon_weight_decay': ["--muon_weight_decay=0.5"],
+    'muon_nesterov': ["--muon_nesterov=False"],
 }
 CONTEXT = {'lr_decay_frac': ["--lr_schedule=wsd"], 'max_iters': ["--lr_schedule=wsd"],
            'max_tokens': ["--lr_schedule=wsd"]}

@@ -75,7 +75,7 @@ def wheel(tmp_path_factory):
 def test_wheel_holds_the_package_and_the_modules_it_imports(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {"model.py", "configurator.py", "gpt/__init__.py", "gpt/checkpoint/__init__.py"} <= set(names)
-    assert any(n.startswith("gpt/dashboard_static/") for n in names)  # the page's chart library
+    assert any(n.startswith("gpt/monitor/dashboard_static/") for n in names)  # the page's chart library
     assert "train.py" not in names  # the scripts stay in the checkout
 
 

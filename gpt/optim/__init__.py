@@ -35,7 +35,7 @@ def build(model, chosen, device_type):
     return muon.configure(model.hidden_matrices(), [p for p in model.parameters() if p.requires_grad], lr,
                           chosen['muon_lr'], wd, chosen['muon_weight_decay'], betas, chosen['muon_momentum'],
                           device_type, chosen['muon_shard'], model.learned_scalars(), chosen.get('scalar_lr', 0.0),
-                          chosen['muon_nesterov'])
+                          chosen.get('muon_nesterov', True))
 
 
 def load_state(optimizer, state_dict):
