@@ -1,6 +1,6 @@
 """
 The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with
-dashboard=True, for its own): the page in gpt/dashboard_static/ (uPlot, no network needed), and /log?offset=N,
+dashboard=True, for its own): the page in dashboard_static/ beside it (uPlot, no network needed), and /log?offset=N,
 which answers the log's complete rows from byte N on and the offset to ask from next time. Only 127.0.0.1 by
 default. Served by the run itself the page says "live" until the log's "end" row; served by dashboard.py,
 also "quiet" once the log has had no rows for minutes (a crashed or killed run).

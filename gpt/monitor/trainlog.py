@@ -62,8 +62,7 @@ class TrainLog:
             raise
 
     def own(self):
-        """Make the log a file of this run's own if it has other names (hard links): copied whole, put in
-        place atomically; the other names keep the file as it was."""
+        """Make the log a file of this run's own if it has other names (hard links)."""
         self.owned = True
         try:
             st = os.lstat(self.path)

@@ -1,8 +1,6 @@
 """
-HellaSwag scoring, "completion style" as in build-nanogpt: each of the four endings is appended to the
-context, and the model's loss over the ending's tokens decides (acc: lowest total loss; acc_norm: lowest
-loss per token). The data file (load_examples) and the batched, DDP-shared evaluation (evaluate), used by
-hellaswag.py and, during training, by train.py; reference numbers are in hellaswag.py.
+HellaSwag scoring, as hellaswag.py describes it (with reference numbers): the data file (load_examples) and
+the batched, DDP-shared evaluation (evaluate), used by hellaswag.py and, during training, by train.py.
 """
 import json
 import os
@@ -29,11 +27,9 @@ def _parse(text, where):
             example = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{where} line {i} is not JSON: is this HellaSwag's official jsonl file?")
-        if not isinstance(example, dict):
-            example = {}
-        endings = example.get("endings")
-        if (not isinstance(example.get("ctx"), str) or not isinstance(endings, list) or len(endings) != 4
-                or not all(isinstance(e, str) for e in endings) or example.get("label") not in (0, 1, 2, 3)):
+        endings = example.get("endings") if isinstance(example, dict) else None
+        if (not isinstance(endings, list) or len(endings) != 4 or not all(isinstance(e, str) for e in endings)
+                or not isinstance(example.get("ctx"), str) or example.get("label") not in (0, 1, 2, 3)):
             raise UserError(f"{where} line {i} is not a HellaSwag example (needs ctx, 4 endings and a label 0-3)")
         examples.append(example)
     if not examples:

@@ -13,14 +13,6 @@ from gpt.runtime.errors import UserError
 LR_SCHEDULES = ('cosine', 'constant', 'wsd')
 
 
-def check_lr_schedule(lr_schedule, lr_decay_frac):
-    if lr_schedule not in LR_SCHEDULES:
-        raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
-    if not 0 < lr_decay_frac <= 1:
-        raise UserError(f"lr_decay_frac={lr_decay_frac} must be in (0, 1]: the fraction of the run that 'wsd' "
-                        f"decays over (e.g. 0.2)")
-
-
 def check_decay(learning_rate, min_lr, lr_schedule):
     """A schedule that decays to min_lr (cosine, wsd) must start above it: else it climbs, which is never what
     was meant (a --learning_rate lowered for fine-tuning, with train.py's min_lr left as it was)."""
@@ -106,7 +98,12 @@ def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
     earlier launches may have had another batch. Its *_iters twin must then be left out (not in `given`, the
     keys the user set) or 0; both given is an error. With max_tokens and no decay length given, the decay ends
     with the budget, as lr_decay_iters ~= max_iters. Checks lr_schedule and lr_decay_frac too."""
-    check_lr_schedule(config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2))
+    lr_schedule, lr_decay_frac = config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2)
+    if lr_schedule not in LR_SCHEDULES:
+        raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
+    if not 0 < lr_decay_frac <= 1:
+        raise UserError(f"lr_decay_frac={lr_decay_frac} must be in (0, 1]: the fraction of the run that 'wsd' "
+                        f"decays over (e.g. 0.2)")
     out = {}
     # a run sets one of each pair, the tokens one wins when given
     for iters_key, tokens_key in (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'),
