@@ -157,10 +157,7 @@ class Server(http.server.ThreadingHTTPServer):
         """The run is over: wait until every page still polling has read the log to its end (its last
         evaluation, samples and "end" row), at most `timeout` seconds and never longer than such a page takes
         to ask again (POLLING_S); then stop serving. Returns at once when no page is open."""
-        try:
-            end = os.path.getsize(self.log_path)
-        except OSError:
-            end = 0
+        end = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.pages_behind(end):
             time.sleep(0.05)

@@ -166,12 +166,11 @@ def wandb_metrics(row):
 
 
 def check_wandb():
-    """Before a wandb_log run touches anything: wandb is installed, and it either logs offline (WANDB_MODE
-    offline or disabled, from the environment or `wandb offline`'s settings file) or has credentials
-    (WANDB_API_KEY, an identity token file, the API key in its settings or the .netrc entry `wandb login`
-    writes for its server: $NETRC, else ~/.netrc or ~/_netrc). Reads what wandb.init would read; no network,
-    nothing written. A UserError naming the fix otherwise - not a traceback or a prompt after the model is
-    built."""
+    """Before a wandb_log run touches anything, reading what wandb.init would (no network, nothing written):
+    wandb is installed, and it logs offline (WANDB_MODE offline or disabled, from the environment or `wandb
+    offline`'s settings file) or has credentials (WANDB_API_KEY, an identity token file, its settings' API key,
+    or the .netrc entry `wandb login` writes for its server: $NETRC, else ~/.netrc or ~/_netrc). Else one
+    UserError naming the fix, not a traceback or a prompt after the model is built."""
     try:
         import wandb  # noqa: F401 (only whether it is installed: its settings come from wandb.sdk)
     except ImportError:
