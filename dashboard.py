@@ -6,11 +6,8 @@ It updates itself while the run goes on, without reloading.
 $ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/
 $ python train.py ... --dashboard=True                # the same page, served by the training process
 
-The page is served from 127.0.0.1 only (on a remote machine: ssh -L 8000:127.0.0.1:8000 host), answers only
-requests addressed to localhost, an IP address or the --host it was given (another name pointed at this
-machine gets 403: no web page can read the log through DNS rebinding), and needs no network: its chart
-library, uPlot, is in gpt/dashboard_static/. The page asks for /log?offset=N and gets the log's complete rows
-from byte N on, and the offset to ask from next time.
+The page is served from 127.0.0.1 only (on a remote machine: ssh -L 8000:127.0.0.1:8000 host) and needs no
+network; gpt/monitor/server.py says what it answers, and to whom.
 """
 import os
 import sys

@@ -61,8 +61,7 @@ def main(argv):
     # a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
     folder = None if s['init_from'] == 'resume' else folder_meta(s['init_from'])
     model, meta = load_model(s['init_from'], s['out_dir'])
-    meta = meta or folder
-    tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
+    tokenizer = get_tokenizer(meta or folder)  # no metadata means GPT-2 BPE, as in nanoGPT
     model.to(device)
     model = hardware.maybe_compile(model, s['compile'], device_type)
     result = evaluate(model, examples, tokenizer, device, ctx, rank, world_size, s['batch_examples'],

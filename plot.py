@@ -48,12 +48,9 @@ def pyplot():
 def check_output(output):
     """The file to write, checked before the log is read: a format matplotlib can write here (pgf only with
     its TeX program), a folder that exists or can be made. No extension is matplotlib's PNG, named .png."""
-    plt = pyplot()
+    tex = pyplot().rcParams["pgf.texsystem"]
     from matplotlib.backend_bases import FigureCanvasBase
-    formats = set(FigureCanvasBase.get_supported_filetypes())
-    if not shutil.which(plt.rcParams["pgf.texsystem"]):
-        formats.discard("pgf")
-    formats = sorted(formats)
+    formats = sorted(f for f in FigureCanvasBase.get_supported_filetypes() if f != "pgf" or shutil.which(tex))
     if os.path.isdir(output):
         raise UserError(f"--output={output} is a folder: name the file to write, e.g. "
                         f"--output={os.path.join(output, 'curves.png')}")
@@ -61,9 +58,7 @@ def check_output(output):
     if not ext:
         output += ".png"
     elif ext[1:] not in formats:
-        why = "is not a format matplotlib writes"
-        if ext == ".pgf":
-            why = f"needs {plt.rcParams['pgf.texsystem']}, which is not installed"
+        why = f"needs {tex}, which is not installed" if ext == ".pgf" else "is not a format matplotlib writes"
         raise UserError(f"--output={output}: {ext} {why}; end the name with one of .{', .'.join(formats)}")
     return check_output_file(output, "--output", make_folder=True)
 
@@ -100,19 +95,13 @@ def is_number(value):
 
 def figure(rows, title):
     plt = pyplot()
-    panels = [lambda ax: plot_losses(ax, rows, "step"), lambda ax: plot_losses(ax, rows, "tokens")]
 
-    def lr(ax):
-        ax.plot(*series(rows, "train", "step", "lr"))
-        ax.set(title="learning rate", xlabel="step")
-
-    def grad_norm(ax):
-        ax.plot(*series(rows, "train", "step", "grad_norm"), lw=0.8)
-        ax.set(title="gradient norm (before clipping)", xlabel="step")
+    def train_curve(ax, key, name, **style):
+        ax.plot(*series(rows, "train", "step", key), **style)
+        ax.set(title=name, xlabel="step")
 
     def throughput(ax):
-        ax.plot(*series(rows, "train", "step", "tokens_per_s"), lw=0.8)
-        ax.set(title="tokens/s", xlabel="step")
+        train_curve(ax, "tokens_per_s", "tokens/s", lw=0.8)
         steps, mfu = series(rows, "train", "step", "mfu", 100)
         if mfu:
             right = ax.twinx()
@@ -125,7 +114,9 @@ def figure(rows, title):
         ax.set(title="HellaSwag", xlabel="step", ylabel="accuracy")
         ax.legend()
 
-    panels += [lr, grad_norm, throughput]
+    panels = [lambda ax: plot_losses(ax, rows, "step"), lambda ax: plot_losses(ax, rows, "tokens"),
+              lambda ax: train_curve(ax, "lr", "learning rate"),
+              lambda ax: train_curve(ax, "grad_norm", "gradient norm (before clipping)", lw=0.8), throughput]
     if series(rows, "eval", "step", "hellaswag")[0]:
         panels.append(hellaswag)
     nrows = (len(panels) + 1) // 2

@@ -1,6 +1,6 @@
 """
 The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with
-dashboard=True, for its own): the page in gpt/dashboard_static/ (uPlot, no network needed), and /log?offset=N,
+dashboard=True, for its own): the page in dashboard_static/ beside it (uPlot, no network needed), and /log?offset=N,
 which answers the log's complete rows from byte N on and the offset to ask from next time. Only 127.0.0.1 by
 default. Served by the run itself the page says "live" until the log's "end" row; served by dashboard.py,
 also "quiet" once the log has had no rows for minutes (a crashed or killed run).
@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 
-from gpt.monitor.trainlog import LOG_NAME
+from gpt.monitor.trainlog import LOG_NAME, parse_rows
 from gpt.runtime.errors import UserError
 from gpt.runtime.settings import PORT, Setting
 
@@ -66,22 +66,7 @@ def read_rows(path, offset):
     except FileNotFoundError:
         return {"offset": 0, "rows": [], "more": False, "reset": offset > 0}
     complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next request
-    rows = []
-    for line in complete.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return {"offset": offset + len(complete), "rows": rows, "more": more, "reset": reset}
-
-
-def idle_seconds(path):
-    """Seconds since the log last changed (None when there is none): the page says a run without an "end" row
-    that has been quiet for long is no longer live."""
-    try:
-        return max(0.0, time.time() - os.path.getmtime(path))
-    except OSError:
-        return None
+    return {"offset": offset + len(complete), "rows": parse_rows(complete.splitlines()), "more": more, "reset": reset}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -100,10 +85,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             except ValueError:
                 return self.send_error(400, "offset must be an integer")
             answer = read_rows(self.server.log_path, offset)
-            self.server.polled(query.get("page", [self.client_address[0]])[0], answer)
-            body = json.dumps({**answer, "run": self.server.run_name,
-                               "idle_s": None if self.server.training else idle_seconds(self.server.log_path)})
-            return self.reply(body.encode(), "application/json")
+            with self.server.pages_lock:
+                self.server.pages[query.get("page", [self.client_address[0]])[0]] = (time.monotonic(), answer["offset"])
+            try:  # seconds since the log last changed: a run without an "end" row, quiet for long, is not live
+                idle = None if self.server.training else max(0.0, time.time() - os.path.getmtime(self.server.log_path))
+            except OSError:  # no log yet
+                idle = None
+            return self.reply(json.dumps({**answer, "run": self.server.run_name, "idle_s": idle}).encode(),
+                              "application/json")
         if url.path == "/favicon.ico":  # the page links none (data:), but some browsers ask anyway
             self.send_response(204)
             return self.end_headers()
@@ -135,14 +124,6 @@ def host_name(header):
     return name.rstrip(".")
 
 
-def is_address(name):
-    try:
-        ipaddress.ip_address(name)
-        return True
-    except ValueError:
-        return False
-
-
 class Server(http.server.ThreadingHTTPServer):
     """The dashboard's HTTP server for one run folder: bound (and its port taken) when made, serving once
     started."""
@@ -155,7 +136,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.run_name = os.path.basename(os.path.abspath(out_dir))
         self.training = training  # served by the training process itself: live while it answers, however quiet
         host = address[0].lower().strip("[]")
-        self.names = {"localhost", host} - {""}  # and any IP address: a rebinding page has a name, not an address
+        self.names = {"localhost", host} - {""}  # and any IP address (serves)
         if host in ("", "0.0.0.0", "::"):  # every address of this machine: also its name
             self.names.add(socket.gethostname().lower())
         self.pages = {}  # page -> (when it last asked for the log, the offset it has read to)
@@ -166,22 +147,17 @@ class Server(http.server.ThreadingHTTPServer):
         """Whether a request with this Host header is addressed to this server (rather than to a name that
         was pointed at it)."""
         name = host_name(host)
-        return name in self.names or is_address(name)
-
-    def polled(self, page, answer):
-        with self.pages_lock:
-            self.pages[page] = (time.monotonic(), answer["offset"])
-
-    def start(self):
-        # polled every 0.1 s for shutdown (finish), not serve_forever's 0.5: a run's end waits on it
-        threading.Thread(target=self.serve_forever, args=(0.1,), name="dashboard", daemon=True).start()
-        self.serving = True
+        try:
+            ipaddress.ip_address(name)  # any IP address: a rebinding page has a name, not an address
+            return True
+        except ValueError:
+            return name in self.names
 
     def finish(self, timeout=5.0):
         """The run is over: wait until every page still polling has read the log to its end (its last
         evaluation, samples and "end" row), at most `timeout` seconds and never longer than such a page takes
         to ask again (POLLING_S); then stop serving. Returns at once when no page is open."""
-        end = self.log_size()
+        end = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.pages_behind(end):
             time.sleep(0.05)
@@ -191,16 +167,10 @@ class Server(http.server.ThreadingHTTPServer):
         self.server_close()
 
     def pages_behind(self, end):
-        """The pages open now (asked within POLLING_S) that have not read the log up to byte `end`."""
+        """Whether a page open now (asked within POLLING_S) has not read the log up to byte `end`."""
         now = time.monotonic()
         with self.pages_lock:
-            return [page for page, (when, offset) in self.pages.items() if now - when < POLLING_S and offset < end]
-
-    def log_size(self):
-        try:
-            return os.path.getsize(self.log_path)
-        except OSError:
-            return 0
+            return any(now - when < POLLING_S and offset < end for when, offset in self.pages.values())
 
 
 def make_server(out_dir, port=8000, host="127.0.0.1", training=False):
@@ -220,8 +190,9 @@ def url(server):
 
 def start(server):
     """Serve the page from a background thread (it ends with the process, or at server.finish()), and say
-    where."""
-    server.start()
+    where. It polls every 0.1 s for shutdown, not serve_forever's 0.5: a run's end waits on it."""
+    threading.Thread(target=server.serve_forever, args=(0.1,), name="dashboard", daemon=True).start()
+    server.serving = True
     out_dir = os.path.dirname(server.log_path)
     print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
           flush=True)

@@ -62,8 +62,7 @@ class TrainLog:
             raise
 
     def own(self):
-        """Make the log a file of this run's own if it has other names (hard links): copied whole, put in
-        place atomically; the other names keep the file as it was."""
+        """Make the log a file of this run's own if it has other names (hard links)."""
         self.owned = True
         try:
             st = os.lstat(self.path)
@@ -76,7 +75,9 @@ class TrainLog:
                   f"copy of its own and leaves the others as they were")
 
     def resume_at(self, position):
-        """Cut the log back to where it stood when the checkpoint we resume from was saved."""
+        """Cut the log back to where it stood when the checkpoint we resume from was saved, and say which
+        training steps logged after it run again (a clean stop leaves only its "end" row there, dropped
+        quietly; a launch that died before its first checkpoint, its plan)."""
         if not self.enabled or not os.path.lexists(self.path):
             return
         try:
@@ -85,12 +86,14 @@ class TrainLog:
             raise UserError(f"cannot resume the log {self.path} ({e.strerror or e}): put the run's own log there")
         with os.fdopen(fd, "r+b") as f:
             f.seek(position)
-            dropped = f.read()
+            dropped = f.read().splitlines()
             f.truncate(position)
-        if dropped:
-            note = dropped_note(dropped, self.path)
-            if note:
-                print(note)
+        steps = {row["step"] for row in parse_rows(dropped)
+                 if isinstance(row, dict) and row.get("kind") == "train" and isinstance(row.get("step"), int)}
+        if steps:
+            what = f"step {min(steps):,}" if len(steps) == 1 else f"steps {min(steps):,}-{max(steps):,}"
+            print(f"log: {what} ran after the checkpoint and run{'s' * (len(steps) == 1)} again: dropped "
+                  f"{len(dropped)} rows of {self.path} written after it")
 
     def write(self, **row):
         if not self.enabled:
@@ -117,48 +120,18 @@ class TrainLog:
         tokens: the run's total, every launch's included; start_tokens: the total when this launch started."""
         if not self.enabled:
             return
-        if best_val_loss is not None and not math.isfinite(best_val_loss):
-            best_val_loss = None
-        print("\n".join(end_lines(step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped,
-                                   best_val_loss, checkpoint, next_command)))
+        launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
+                  f"{duration(launch_seconds)})" if start_step else "")
+        print(f"{'stopped' if stopped else 'done'}: {step:,} steps, {tokens:,} tokens, {duration(seconds)} of "
+              f"training{launch}")
+        kept = ([f"best val loss {best_val_loss:.4f}"] if best_val_loss is not None and math.isfinite(best_val_loss)
+                else []) + ([f"checkpoint {checkpoint}"] if checkpoint else [])
+        if kept:
+            print(", ".join(kept))
+        if next_command:
+            print(f"next: {next_command}")
         self.write(kind="end", step=step, tokens=tokens, time=seconds, stopped=stopped, best_val_loss=best_val_loss,
                    checkpoint=checkpoint, next_command=next_command)
-
-
-def end_lines(step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped, best_val_loss, checkpoint,
-              next_command):
-    """The run's last words: its totals, then what it leaves (best val loss, checkpoint), then what to type."""
-    launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
-              f"{duration(launch_seconds)})" if start_step else "")
-    lines = [f"{'stopped' if stopped else 'done'}: {step:,} steps, {tokens:,} tokens, {duration(seconds)} of "
-             f"training{launch}"]
-    kept = ([f"best val loss {best_val_loss:.4f}"] if best_val_loss is not None else []) + (
-        [f"checkpoint {checkpoint}"] if checkpoint else [])
-    if kept:
-        lines.append(", ".join(kept))
-    if next_command:
-        lines.append(f"next: {next_command}")
-    return lines
-
-
-def dropped_note(dropped, path):
-    """What a resumed run says about the rows it cut from its log (the bytes after the checkpoint's position):
-    the training steps logged after the checkpoint, which run again, or None when there were none (a clean
-    stop leaves only its "end" row there; a launch that died before its first checkpoint, its plan)."""
-    steps = set()
-    for line in dropped.splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if isinstance(row, dict) and row.get("kind") == "train" and isinstance(row.get("step"), int):
-            steps.add(row["step"])
-    if not steps:
-        return None
-    what = f"step {min(steps):,}" if len(steps) == 1 else f"steps {min(steps):,}-{max(steps):,}"
-    rows = len(dropped.splitlines())
-    return (f"log: {what} ran after the checkpoint and run{'s' * (len(steps) == 1)} again: dropped {rows} rows "
-            f"of {path} written after it")
 
 
 def duration(seconds):
@@ -192,55 +165,37 @@ def wandb_metrics(row):
     return metrics
 
 
-WANDB_FIX = ("run `wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload "
-             "later with `wandb sync`")
-
-
 def check_wandb():
-    """Before a wandb_log run touches anything: wandb is installed, and it either logs offline (WANDB_MODE
-    offline or disabled, from the environment or `wandb offline`'s settings file) or has credentials
-    (WANDB_API_KEY, an identity token file, the API key in its settings or the .netrc entry `wandb login`
-    writes for its server). Reads what wandb.init would read; no network, nothing written. A UserError
-    naming the fix otherwise - not a traceback or a prompt after the model is built."""
+    """Before a wandb_log run touches anything, reading what wandb.init would (no network, nothing written):
+    wandb is installed, and it logs offline (WANDB_MODE offline or disabled, from the environment or `wandb
+    offline`'s settings file) or has credentials (WANDB_API_KEY, an identity token file, its settings' API key,
+    or the .netrc entry `wandb login` writes for its server: $NETRC, else ~/.netrc or ~/_netrc). Else one
+    UserError naming the fix, not a traceback or a prompt after the model is built."""
     try:
-        import wandb
+        import wandb  # noqa: F401 (only whether it is installed: its settings come from wandb.sdk)
     except ImportError:
         raise UserError("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
-    settings = _wandb_settings(wandb)
-    mode = os.environ.get("WANDB_MODE") or getattr(settings, "mode", None) or "online"
-    if mode in ("offline", "dryrun", "disabled") or os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
-        return
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE") \
-            or getattr(settings, "api_key", None):
-        return
-    base_url = os.environ.get("WANDB_BASE_URL") or getattr(settings, "base_url", None) or "https://api.wandb.ai"
-    if _netrc_has(base_url):
-        return
-    raise UserError(f"wandb_log=True, but wandb has no API key for {base_url}: {WANDB_FIX}")
-
-
-def _wandb_settings(wandb):
-    """wandb's settings as wandb.init reads them (environment and settings files), or None where this wandb
-    keeps them elsewhere."""
-    try:
+    try:  # wandb's settings as wandb.init reads them (environment and settings files)
         from wandb.sdk import wandb_setup
-        return wandb_setup.singleton().settings
+        settings = wandb_setup.singleton().settings
     except Exception:  # another wandb version's layout: the environment alone then
-        return None
-
-
-def _netrc_has(base_url):
-    """Whether the .netrc wandb reads ($NETRC, else ~/.netrc or ~/_netrc) holds a login for base_url's host."""
+        settings = None
+    env = os.environ.get
+    mode = env("WANDB_MODE") or getattr(settings, "mode", None) or "online"
+    if mode in ("offline", "dryrun", "disabled") or env("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return
+    if env("WANDB_API_KEY") or env("WANDB_IDENTITY_TOKEN_FILE") or getattr(settings, "api_key", None):
+        return
+    base_url = env("WANDB_BASE_URL") or getattr(settings, "base_url", None) or "https://api.wandb.ai"
     home = os.path.expanduser("~")
-    paths = [os.environ["NETRC"]] if os.environ.get("NETRC") else [os.path.join(home, ".netrc"),
-                                                                    os.path.join(home, "_netrc")]
-    for path in paths:
+    for path in [env("NETRC")] if env("NETRC") else [os.path.join(home, ".netrc"), os.path.join(home, "_netrc")]:
         try:
             if netrc.netrc(path).authenticators(urlsplit(base_url).netloc):
-                return True
+                return
         except (OSError, netrc.NetrcParseError):
             continue
-    return False
+    raise UserError(f"wandb_log=True, but wandb has no API key for {base_url}: run `wandb login` (or set "
+                    f"WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload later with `wandb sync`")
 
 
 def start_wandb(project, name, config, run_id=None):
@@ -289,15 +244,22 @@ class Startup:
             "; step 0 compiles the training step" if compiled else "")
 
 
-def read_log(out_dir):
-    """All rows of a run's log (a partly written last line, from a run still going, is skipped)."""
-    path = os.path.join(out_dir, LOG_NAME)
+def parse_rows(lines):
+    """The JSON rows of lines, skipping any line that is not JSON: one cut short by a crash, or still being
+    written by a run that goes on."""
     rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
     return rows
+
+
+def read_log(out_dir):
+    """All rows of a run's log."""
+    path = os.path.join(out_dir, LOG_NAME)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return parse_rows(f)

@@ -1,8 +1,6 @@
 """
-HellaSwag scoring, "completion style" as in build-nanogpt: each of the four endings is appended to the
-context, and the model's loss over the ending's tokens decides (acc: lowest total loss; acc_norm: lowest
-loss per token). The data file (load_examples) and the batched, DDP-shared evaluation (evaluate), used by
-hellaswag.py and, during training, by train.py; reference numbers are in hellaswag.py.
+HellaSwag scoring, as hellaswag.py describes it (with reference numbers): the data file (load_examples) and
+the batched, DDP-shared evaluation (evaluate), used by hellaswag.py and, during training, by train.py.
 """
 import json
 import os
@@ -19,15 +17,6 @@ from gpt.runtime.files import atomic_write
 _URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 
 
-def data_file(path=None, split="val"):
-    """Where the split's jsonl lives: `path` itself when it names a file, else hellaswag_<split>.jsonl in
-    the folder `path`, $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag."""
-    if path and (os.path.isfile(path) or path.endswith(".jsonl")):
-        return path
-    folder = path or os.environ.get("HELLASWAG_DIR") or os.path.expanduser("~/.cache/nanogpt/hellaswag")
-    return os.path.join(folder, f"hellaswag_{split}.jsonl")
-
-
 def _parse(text, where):
     """The examples of a jsonl text, each checked for what scoring needs: ctx, 4 endings, a label 0-3."""
     examples = []
@@ -38,11 +27,9 @@ def _parse(text, where):
             example = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"{where} line {i} is not JSON: is this HellaSwag's official jsonl file?")
-        if not isinstance(example, dict):
-            example = {}
-        endings = example.get("endings")
-        if (not isinstance(example.get("ctx"), str) or not isinstance(endings, list) or len(endings) != 4
-                or not all(isinstance(e, str) for e in endings) or example.get("label") not in (0, 1, 2, 3)):
+        endings = example.get("endings") if isinstance(example, dict) else None
+        if (not isinstance(endings, list) or len(endings) != 4 or not all(isinstance(e, str) for e in endings)
+                or not isinstance(example.get("ctx"), str) or example.get("label") not in (0, 1, 2, 3)):
             raise UserError(f"{where} line {i} is not a HellaSwag example (needs ctx, 4 endings and a label 0-3)")
         examples.append(example)
     if not examples:
@@ -74,11 +61,15 @@ def _download(split, file):
 
 
 def load_examples(path=None, split="val"):
-    """HellaSwag's examples (dicts with ctx, endings, label, ...), from a local copy when there is one,
-    else downloaded into the cache folder. The val split holds 10,042; the test split has no labels."""
+    """HellaSwag's examples (dicts with ctx, endings, label, ...), from `path` when it names a file, else from
+    hellaswag_<split>.jsonl in the folder `path`, $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag, downloaded
+    there when missing. The val split holds 10,042; the test split has no labels."""
     if split not in ("train", "val"):
         raise UserError(f"unknown HellaSwag split '{split}': use val or train (test has no labels)")
-    file = data_file(path, split)
+    file = path
+    if not (path and (os.path.isfile(path) or path.endswith(".jsonl"))):
+        folder = path or os.environ.get("HELLASWAG_DIR") or os.path.expanduser("~/.cache/nanogpt/hellaswag")
+        file = os.path.join(folder, f"hellaswag_{split}.jsonl")
     if not os.path.exists(file):
         if file == path:
             raise UserError(f"no HellaSwag file at {path}: give the path of hellaswag_{split}.jsonl or its folder")
@@ -168,5 +159,4 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         dist.all_reduce(counts)
     correct, correct_norm, n = counts.tolist()
-    nan = float("nan")
-    return dict(acc=correct / n if n else nan, acc_norm=correct_norm / n if n else nan, n=n)
+    return dict(acc=correct / n if n else float("nan"), acc_norm=correct_norm / n if n else float("nan"), n=n)

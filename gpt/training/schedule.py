@@ -10,19 +10,7 @@ from typing import NamedTuple
 
 from gpt.runtime.errors import UserError
 
-# (iterations setting, tokens setting) pairs: a run sets one of each, the tokens one wins when given
-PAIRS = (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'), ('lr_decay_iters', 'lr_decay_tokens'))
-
-
 LR_SCHEDULES = ('cosine', 'constant', 'wsd')
-
-
-def check_lr_schedule(lr_schedule, lr_decay_frac):
-    if lr_schedule not in LR_SCHEDULES:
-        raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
-    if not 0 < lr_decay_frac <= 1:
-        raise UserError(f"lr_decay_frac={lr_decay_frac} must be in (0, 1]: the fraction of the run that 'wsd' "
-                        f"decays over (e.g. 0.2)")
 
 
 def check_decay(learning_rate, min_lr, lr_schedule):
@@ -63,19 +51,13 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-class BatchSplit(NamedTuple):
-    """How a step's global batch is split: each of the world_size processes runs micro_steps forward/backward
-    passes of micro_batch sequences."""
-    micro_steps: int
-    micro_batch: int
-
-
 def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size, verbose=True):
-    """The global batch of a step, in sequences of block_size tokens, split over the processes and into
-    micro-batches of at most batch_size (the most that fits one forward/backward). The global batch is
-    total_batch_size tokens (build-nanogpt's setting) or, with total_batch_size=0, nanoGPT's
-    gradient_accumulation_steps micro-batches of batch_size (a total over all processes). Each process takes
-    an equal share; its micro-steps are the fewest whose equal micro-batches fit batch_size. So a config runs
+    """(micro_steps, micro_batch): the global batch of a step, in sequences of block_size tokens, split over the
+    world_size processes, each running micro_steps forward/backward passes of micro_batch sequences, at most
+    batch_size (the most that fits one). The global batch is total_batch_size tokens (build-nanogpt's setting)
+    or, with total_batch_size=0, nanoGPT's gradient_accumulation_steps micro-batches of batch_size (a total
+    over all processes). Each process takes an equal share; its micro-steps are the fewest whose equal
+    micro-batches fit batch_size. So a config runs
     unchanged on 1, 2, 4 or 8 GPUs with the same global batch: nanoGPT's 40 x 12 is 40 micro-steps of 12 on
     one GPU and 5 of 12 on eight, speedrun's 65,536 tokens 2 x 32 on one GPU and 1 x 16 on four. A global batch
     that cannot be shared equally is one line naming the settings that would work."""
@@ -100,14 +82,13 @@ def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block
                         f"x block_size {block_size:,})")
     share = sequences // world_size  # sequences per process and step
     micro_steps = next(m for m in range(-(-share // batch_size), share + 1) if share % m == 0)
-    split = BatchSplit(micro_steps, share // micro_steps)
-    if verbose and (total_batch_size or split.micro_batch != batch_size):
+    micro_batch = share // micro_steps
+    if verbose and (total_batch_size or micro_batch != batch_size):
         print(f"{given} -> gradient_accumulation_steps={micro_steps * world_size:,}"
               + (f" ({micro_steps} per process)" if world_size > 1 else "")
-              + f" of {split.micro_batch} sequences of {block_size:,} tokens"
-              + (f" (batch_size={batch_size} is the most a micro-step takes)" if split.micro_batch != batch_size
-                 else ""))
-    return split
+              + f" of {micro_batch} sequences of {block_size:,} tokens"
+              + (f" (batch_size={batch_size} is the most a micro-step takes)" if micro_batch != batch_size else ""))
+    return micro_steps, micro_batch
 
 
 def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
@@ -117,9 +98,16 @@ def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
     earlier launches may have had another batch. Its *_iters twin must then be left out (not in `given`, the
     keys the user set) or 0; both given is an error. With max_tokens and no decay length given, the decay ends
     with the budget, as lr_decay_iters ~= max_iters. Checks lr_schedule and lr_decay_frac too."""
-    check_lr_schedule(config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2))
+    lr_schedule, lr_decay_frac = config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2)
+    if lr_schedule not in LR_SCHEDULES:
+        raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
+    if not 0 < lr_decay_frac <= 1:
+        raise UserError(f"lr_decay_frac={lr_decay_frac} must be in (0, 1]: the fraction of the run that 'wsd' "
+                        f"decays over (e.g. 0.2)")
     out = {}
-    for iters_key, tokens_key in PAIRS:
+    # a run sets one of each pair, the tokens one wins when given
+    for iters_key, tokens_key in (('max_iters', 'max_tokens'), ('warmup_iters', 'warmup_tokens'),
+                                  ('lr_decay_iters', 'lr_decay_tokens')):
         n, tokens = config[iters_key], config[tokens_key]
         if n < 0 or tokens < 0:
             raise UserError(f"{iters_key} and {tokens_key} cannot be negative (got {n}, {tokens})")
@@ -151,14 +139,13 @@ def check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule):
     """Schedule lengths that are well defined but unlikely to be what was meant, as note lines: the run ends
     still warming up, or a cosine decay that ends before the warm-up does (the rate then drops from the
     warm-up straight to min_lr)."""
-    notes = []
     if lr_schedule != 'none' and warmup_iters > max_iters:
-        notes.append(f"warmup_iters={warmup_iters:,} is beyond max_iters={max_iters:,}: the run ends still warming "
-                     f"up, at {(max_iters + 1) / (warmup_iters + 1):.0%} of learning_rate")
-    elif lr_schedule == 'cosine' and lr_decay_iters < warmup_iters < max_iters:
-        notes.append(f"lr_decay_iters={lr_decay_iters:,} is below warmup_iters={warmup_iters:,}: at the end of the "
-                     f"warm-up the rate drops straight to min_lr (set lr_decay_iters ~ max_iters to decay)")
-    return notes
+        return [f"warmup_iters={warmup_iters:,} is beyond max_iters={max_iters:,}: the run ends still warming up, "
+                f"at {(max_iters + 1) / (warmup_iters + 1):.0%} of learning_rate"]
+    if lr_schedule == 'cosine' and lr_decay_iters < warmup_iters < max_iters:
+        return [f"lr_decay_iters={lr_decay_iters:,} is below warmup_iters={warmup_iters:,}: at the end of the "
+                f"warm-up the rate drops straight to min_lr (set lr_decay_iters ~ max_iters to decay)"]
+    return []
 
 
 def crossed(tokens, tokens_per_iter, every):

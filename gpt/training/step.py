@@ -25,7 +25,7 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
         # gradients are reduced across ranks only at the last micro step
         distributed.set_gradient_sync(model, micro_step == micro_steps - 1)
         with ctx:
-            logits, loss = model(X, Y)
+            _, loss = model(X, Y)
             loss = loss / micro_steps  # scale the loss to account for gradient accumulation
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         # backward pass, with gradient scaling if training in fp16
@@ -40,25 +40,21 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
 
 def update(optimizer, scaler, grad_norm):
     """optimizer.step(), skipped where grad_norm is not finite: a NaN/inf loss or gradient would poison the
-    weights. float16: the GradScaler finds the infs itself (and lowers its scale). A fused optimizer skips it on
-    the device; others (CPU, MPS) read the norm. optimizer.held (the CUDA graph's warm-up) skips every update."""
+    weights. float16: the GradScaler finds the infs itself (and lowers its scale). An optimizer whose AdamW
+    groups all run the fused kernel, which reads found_inf (Muon's groups, gpt/optim/muon.py, read it
+    themselves), skips it on the device; others (CPU, MPS) read the norm. optimizer.held (the CUDA graph's
+    warm-up) skips every update."""
+    held = getattr(optimizer, 'held', False)
+    adamw = [g for g in optimizer.param_groups if not g.get('muon')]
     if scaler.is_enabled():
         scaler.step(optimizer)
         scaler.update()
-    elif is_fused(optimizer):
-        skip = ~torch.isfinite(grad_norm)
-        optimizer.found_inf = (skip | getattr(optimizer, 'held', False)).float()
+    elif adamw and all(g.get('fused') for g in adamw):
+        optimizer.found_inf = (~torch.isfinite(grad_norm) | held).float()
         optimizer.step()
         del optimizer.found_inf
-    elif math.isfinite(grad_norm) and not getattr(optimizer, 'held', False):
+    elif math.isfinite(grad_norm) and not held:
         optimizer.step()
-
-
-def is_fused(optimizer):
-    """Whether every AdamW group of the optimizer runs the fused kernel, which reads found_inf (Muon's groups,
-    gpt/optim/muon.py, read it themselves)."""
-    groups = [g for g in optimizer.param_groups if not g.get('muon')]
-    return bool(groups) and all(g.get('fused') for g in groups)
 
 
 def set_lr(optimizer, lr):
@@ -81,11 +77,10 @@ class NonFinite:
         self.limit, self.skipped, self.in_a_row = limit, skipped, 0
 
     def check(self, grad_norm, iter_num, last_good, master):
-        if math.isfinite(grad_norm):
-            self.in_a_row = 0
+        self.in_a_row = 0 if math.isfinite(grad_norm) else self.in_a_row + 1
+        if not self.in_a_row:
             return
         self.skipped += 1
-        self.in_a_row += 1
         if master:
             print(f"iter {iter_num}: non-finite gradient norm, update skipped ({self.in_a_row} in a row)")
         if self.in_a_row >= self.limit:

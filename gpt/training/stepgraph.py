@@ -42,8 +42,7 @@ class StepGraph:
         self.graph = self.out = None
 
     def body(self, update=True):
-        """The step on the buffers. Returns the mean loss and the gradient norm before clipping, as tensors.
-        update=False skips the update (the warm-up)."""
+        """train_step on the buffers; update=False skips the update (the warm-up)."""
         self.optimizer.held = not update
         try:
             return train_step(self.model, self.optimizer, self.scaler, zip(self.x, self.y), self.accum, self.ctx,
