@@ -106,7 +106,7 @@ def _run_config_file(path, config):
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
-    except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+    except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)}")
     except OSError as e:  # no permission, or not a regular file after all
