@@ -34,14 +34,6 @@ from gpt.runtime.settings import MODEL, RUN, TRAINING, Setting, comments
 CONFIG_TYPES = (bool, int, float, str)
 
 
-def config_keys(g):
-    """The configuration of a script: its annotated settings (gpt/runtime/settings.py's Setting), or, in a
-    script that declares none, its public module-level globals of plain types (nanoGPT's rule)."""
-    notes = g.get("__annotations__", {})
-    declared = [k for k, v in notes.items() if isinstance(v, Setting) and k in g]
-    return declared or [k for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)]
-
-
 def _unknown(key, known, where):
     """The error for a key no setting has, naming the setting a typo (--batchsize) most likely meant. The cutoff
     is above difflib's 0.6, which pairs names merely alike (a removed hellaswag_path with hellaswag_interval)."""
@@ -62,17 +54,15 @@ def _coerce(key, value, current, where):
     raise UserError(f"{key} expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {where}")
 
 
-def _parse_flag(arg, current):
-    key, _, raw = arg[2:].partition("=")
+def _parse_value(raw, current):
     if isinstance(current, str):
-        return key, raw  # a str setting takes the text as given: --out_dir=2024 is the folder '2024'
+        return raw  # a str setting takes the text as given: --out_dir=2024 is the folder '2024'
     if isinstance(current, bool) and raw.lower() in ("true", "false"):
-        return key, raw.lower() == "true"
+        return raw.lower() == "true"
     try:
-        value = ast.literal_eval(raw)
+        return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        value = raw
-    return key, value
+        return raw
 
 
 def _expand_home(key, value):
@@ -116,7 +106,7 @@ def _run_config_file(path, config):
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
-    except (SyntaxError, ValueError, UnicodeDecodeError) as e:
+    except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)}")
     except OSError as e:  # no permission, or not a regular file after all
@@ -194,12 +184,12 @@ def apply(g, argv, *sections):
     place); return the final config (a Config: a dict, plus .given and .declared).
     -h or --help prints every setting with its default and documentation, and exits."""
     script = g.get("__file__") or sys.argv[0]
-    own = config_keys(g)
-    notes = g.get("__annotations__", {})
-    declared = {k: replace(notes[k], default=g[k], doc=_comments(script).get(k, notes[k].doc))
-                if isinstance(notes.get(k), Setting) else Setting(default=g[k], doc=_comments(script).get(k, ""))
-                for k in own}
-    home = {k: g for k in own}  # where a setting's value is written back: the globals, or a plain dict section
+    notes = {k: v for k, v in g.get("__annotations__", {}).items() if isinstance(v, Setting) and k in g}
+    if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)
+        notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)}
+    docs = _comments(script)
+    declared = {k: replace(s, default=g[k], doc=docs.get(k, s.doc)) for k, s in notes.items()}
+    home = dict.fromkeys(declared, g)  # where a setting's value is written back: the globals, or a plain dict section
     for section in sections:
         for k, v in section.items():
             if k not in declared:
@@ -215,23 +205,20 @@ def apply(g, argv, *sections):
         raise SystemExit(0)
     given = set()
     for arg in argv:
-        if "=" not in arg:
-            if arg.startswith("-"):
-                raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
-            for key, value in _run_config_file(arg, values).items():
-                value = _expand_home(key, value)
-                print(f"config {arg}: {key} = {value!r}")
-                values[key] = _coerce(key, value, values[key], arg)
-                given.add(key)
-        else:
+        if "=" in arg:
             if not arg.startswith("--"):
                 raise UserError(f"cannot parse argument {arg!r}: write --key=value")
-            key = arg[2:].partition("=")[0]
+            key, _, raw = arg[2:].partition("=")
             if key not in values:
                 raise _unknown(key, values, f"(from {arg})")
-            key, value = _parse_flag(arg, values[key])
+            overrides, source = {key: _parse_value(raw, values[key])}, "flag"
+        elif arg.startswith("-"):
+            raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
+        else:
+            overrides, source = _run_config_file(arg, values), arg
+        for key, value in overrides.items():
             value = _expand_home(key, value)
-            print(f"config flag: {key} = {value!r}")
+            print(f"config {source}: {key} = {value!r}")
             values[key] = _coerce(key, value, values[key], arg)
             given.add(key)
     for key, where in home.items():

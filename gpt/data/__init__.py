@@ -18,7 +18,6 @@ nanoGPT's meta.pkl is still read, but only through an unpickler that accepts pla
 could run code.
 """
 import glob
-import io
 import json
 import os
 import pickle
@@ -69,7 +68,7 @@ def read_meta(data_dir):
         check_readable(path, "metadata file")
         try:
             with open(path, "rb") as f:
-                meta = _PlainDataUnpickler(io.BytesIO(f.read())).load()
+                meta = _PlainDataUnpickler(f).load()
         except Exception as e:
             raise UserError(f"{path} could not be read as plain data ({e}); re-run the dataset's prepare.py")
         if isinstance(meta, dict) and "itos" in meta:
@@ -254,9 +253,10 @@ def prepare_hint(dataset):
     """The command that prepares `dataset`, or the choices when it has no prepare script (or is '')."""
     if is_dataset_name(dataset) and os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
-    if not prepare_choices():
+    choices = prepare_choices()
+    if not choices:
         return "the prepare.py of a dataset in the checkout's data/ folder"
-    return f"python data/<{'|'.join(prepare_choices())}>/prepare.py"
+    return f"python data/<{'|'.join(choices)}>/prepare.py"
 
 
 def dataset_dir(dataset):

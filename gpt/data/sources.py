@@ -20,16 +20,17 @@ from gpt.runtime.files import atomic_write
 # --- writers
 
 
-def _check_fits(ids, dtype):
-    limit = np.iinfo(DTYPES[dtype]).max
+def _fitting(ids, dtype):
+    """ids as an array, after checking every id fits the storage dtype."""
+    ids, limit = np.asarray(ids), np.iinfo(DTYPES[dtype]).max
     if ids.size and (ids.min() < 0 or ids.max() > limit):
         raise ValueError(f"token id {ids.max()} does not fit {dtype} (max {limit})")
+    return ids
 
 
 def write_tokens(path, ids, dtype="uint16"):
     """Write token ids to a .bin file atomically, after checking every id fits the storage dtype."""
-    ids = np.asarray(ids)
-    _check_fits(ids, dtype)
+    ids = _fitting(ids, dtype)
     with atomic_write(path) as f:
         f.write(ids.astype(DTYPES[dtype]).tobytes())
 
@@ -41,8 +42,7 @@ def write_meta(data_dir, meta):
 
 def write_shard(path, tokens, dtype="uint16"):
     """Write a token shard (header + tokens) atomically, after checking every id fits the storage dtype."""
-    tokens = np.asarray(tokens)
-    _check_fits(tokens, dtype)
+    tokens = _fitting(tokens, dtype)
     if tokens.size >= 2**31:
         raise ValueError(f"{tokens.size} tokens do not fit one shard (the header's count is an int32)")
     header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
@@ -198,7 +198,6 @@ def load_local_splits(path, num_proc=1, streaming=False):
     'train' split (or its only one) and val, its 'validation'/'val'/'test' split, where it has one (else
     None: the script cuts val from train)."""
     datasets = import_datasets()
-
     if not os.path.exists(path):
         raise UserError(f"--local path {path} does not exist")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
@@ -209,8 +208,8 @@ def load_local_splits(path, num_proc=1, streaming=False):
             others = [name for name in ds if name != val_name]
             if "train" not in ds and len(others) != 1:
                 raise UserError(f"{path} has splits {list(ds)}; none is 'train' - save the one to use on its own")
-            val = ds[val_name] if val_name else None
-            if val is not None:
+            if val_name:
+                val = ds[val_name]
                 print(f"using {path}'s '{val_name}' split ({len(val):,} documents) as val, "
                       f"rather than cutting val from train")
             ds = ds["train"] if "train" in ds else ds[others[0]]
@@ -224,12 +223,11 @@ def load_local_splits(path, num_proc=1, streaming=False):
         raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files (or those "
                         f"compressed: {'/'.join(COMPRESSIONS)}) or a save_to_disk folder")
     kind = kinds.pop()
-    extra = {"sample_by": "document"} if kind == "text" else {}  # a whole .txt file is one document
-    if streaming:
-        return datasets.load_dataset(kind, data_files=files, split="train", streaming=True, **extra), None
+    options = {"streaming": True} if streaming else {"num_proc": min(num_proc, len(files))}
+    if kind == "text":
+        options["sample_by"] = "document"  # a whole .txt file is one document
     try:
-        return datasets.load_dataset(kind, data_files=files, split="train", num_proc=min(num_proc, len(files)),
-                                     **extra), None
+        return datasets.load_dataset(kind, data_files=files, split="train", **options), None
     except datasets.exceptions.DatasetGenerationError as e:  # a file that is not what its name says
         cause = e.__cause__ or e
         raise UserError(f"--local {path}: could not read it as {kind} ({type(cause).__name__}: "
@@ -242,16 +240,13 @@ def load_documents(local, dataset, text_column, num_proc=1, subset=None, streami
     the hub dataset (and subset); checked to have the text column. with_val: (train, val), val being a
     local DatasetDict's validation split or None. Mistakes are one line."""
     datasets = import_datasets()
-
     val = None
     if local is not None:
         ds, val = load_local_splits(local, num_proc, streaming)
     else:
+        options = {"streaming": True} if streaming else {"num_proc": num_proc}
         try:
-            if streaming:
-                ds = datasets.load_dataset(dataset, name=subset, split="train", streaming=True)
-            else:
-                ds = datasets.load_dataset(dataset, name=subset, split="train", num_proc=num_proc)
+            ds = datasets.load_dataset(dataset, name=subset, split="train", **options)
         except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
             of = "" if subset is None else f" (subset {subset!r})"
             raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "

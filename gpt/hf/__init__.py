@@ -64,7 +64,7 @@ FIXED = {
               "head_dim": ("hidden_size / num_attention_heads",),  # checked in _check_llama
               "mlp_bias": ("= attention_bias",)},  # checked in _check_llama
 }
-LLAMA_CHECKED = ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias")  # by _llama_rope and _check_llama
+LLAMA_CHECKED = ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias")  # by _check_llama
 # transformers fields that do not change the logits: dropout, initialisation, caching, token ids, the
 # GPT2DoubleHeadsModel's summary head; GPT-2's reorder_and_upcast_attn (only the precision of eager attention
 # under autocast) and Llama's pretraining_tp (transformers < 4.4x split its matmuls in slices: same sums)
@@ -74,7 +74,7 @@ IGNORED = {
              "summary_proj_to_labels", "summary_first_dropout", "summary_last_dropout", "reorder_and_upcast_attn",
              "n_ctx", "task_specific_params"),  # the hub's gpt2 configs carry these two; nothing reads them
     "llama": ("attention_dropout", "initializer_range", "use_cache", "bos_token_id", "eos_token_id",
-              "pad_token_id", "pretraining_tp", "rope_parameters", "rope_scaling"),  # rope: _llama_rope
+              "pad_token_id", "pretraining_tp", "rope_parameters", "rope_scaling"),  # rope: _check_llama
 }
 
 
@@ -86,19 +86,12 @@ def _check_unknown(config, family, problems):
     option (or a folder's own) could change the math, and a silent default is the worst bug."""
     from transformers import GPT2Config, LlamaConfig, PretrainedConfig
     known = set(FIELDS) | {theirs for pair in FIELDS.values() for theirs in pair if theirs} | set(FIXED[family]) \
-        | set(IGNORED[family]) | set(PretrainedConfig().to_dict()) | {"torch_dtype", "dtype", "tie_word_embeddings"}
+        | set(IGNORED[family]) | set(PretrainedConfig().to_dict()) | {"torch_dtype", "dtype"}
     default = (GPT2Config if family == "gpt2" else LlamaConfig)().to_dict()
     for key, value in config.to_dict().items():
         if key not in known and not key.startswith("_") and value not in (None, {}, []) and value != default.get(key):
             problems.append((key, value, f"not a {family} setting this project knows, so the logits it gives "
                                          f"cannot be promised (fields read: docs/export.md)"))
-
-
-def _check_fixed(config, family, problems):
-    for field, allowed in FIXED[family].items():
-        value = getattr(config, field, allowed[0])
-        if field not in LLAMA_CHECKED and value not in allowed:
-            problems.append((field, value, f"this model computes only {' or '.join(map(repr, allowed))}"))
 
 
 # --- export: our model -> a transformers config and state dict
@@ -198,43 +191,37 @@ def to_hf(model):
         raise UserError(f"cannot export {listed}: transformers' GPT-2/Llama do not compute "
                         f"{'it' if len(refused) == 1 else 'them'} (sample.py and hellaswag.py run this checkpoint "
                         f"as it is)")
-    family = getattr(model.config, 'family', 'gpt2')
-    if family not in ("gpt2", "llama"):
-        raise UserError(f"cannot export a model of family '{family}' (known: gpt2, llama)")
-    return gpt2_to_hf(model) if family == "gpt2" else llama_to_hf(model)
+    return gpt2_to_hf(model) if model.config.family == "gpt2" else llama_to_hf(model)
 
 
 # --- import: transformers weights -> model_args and a state dict
 
-def _llama_rope(c, problems):
-    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta, with
-    rope_scaling beside it); scaled variants (Llama 3.1's 'llama3', 'linear', 'yarn', ...) and partial
-    rotation are refused rather than run wrongly."""
-    found = {}  # each problem once, though transformers 5 may show one dict under both names
-    for name in ("rope_parameters", "rope_scaling"):
-        rope = getattr(c, name, None) or {}
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            found.setdefault("rope_type", (f"{name}['rope_type']", kind, "only plain rotary embeddings are "
-                                                                         "supported (no rope scaling)"))
-        factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
-        if factor not in (None, 1, 1.0):
-            found.setdefault("factor", ("partial_rotary_factor", factor, "this model rotates every dimension of "
-                                                                         "a head"))
-    problems += found.values()
-    rope = getattr(c, "rope_parameters", None) or {}
-    return float(rope.get("rope_theta", getattr(c, "rope_theta", None) or 10000.0))
-
-
 def _check_llama(c, problems):
+    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta, with
+    rope_scaling beside it), after checking what this model computes one way only: scaled variants (Llama 3.1's
+    'llama3', 'linear', 'yarn', ...), partial rotation, other head widths and biases in part are refused rather
+    than run wrongly."""
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
         problems.append(("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
                                                f"{c.hidden_size} / {c.num_attention_heads} wide"))
     if bool(getattr(c, "mlp_bias", False)) != bool(c.attention_bias):
-        problems.append(("mlp_bias", getattr(c, "mlp_bias", False), f"this model has biases everywhere or "
-                                                                    f"nowhere, and attention_bias is "
-                                                                    f"{c.attention_bias}"))
+        problems.append(("mlp_bias", getattr(c, "mlp_bias", False),
+                         f"this model has biases everywhere or nowhere, and attention_bias is {c.attention_bias}"))
+    found = {}  # each problem once, though transformers 5 may show one dict under both names
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = getattr(c, name, None) or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            found.setdefault("rope_type", (f"{name}['rope_type']", kind,
+                                           "only plain rotary embeddings are supported (no rope scaling)"))
+        factor = rope.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
+        if factor not in (None, 1, 1.0):
+            found.setdefault("factor", ("partial_rotary_factor", factor,
+                                        "this model rotates every dimension of a head"))
+    problems += found.values()
+    rope = getattr(c, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(c, "rope_theta", None) or 10000.0))
 
 
 def args_from_hf_config(c, dropout=0.0):
@@ -246,10 +233,12 @@ def args_from_hf_config(c, dropout=0.0):
         raise UserError(f"a transformers '{family}' model: only gpt2 and llama load")
     problems = []
     _check_unknown(c, family, problems)
-    _check_fixed(c, family, problems)
+    for field, allowed in FIXED[family].items():
+        value = getattr(c, field, allowed[0])
+        if field not in LLAMA_CHECKED and value not in allowed:
+            problems.append((field, value, f"this model computes only {' or '.join(map(repr, allowed))}"))
     if family == "llama":
-        _check_llama(c, problems)
-        rope_theta = _llama_rope(c, problems)
+        rope_theta = _check_llama(c, problems)
     if problems:
         raise UserError("transformers config field " + "; field ".join(f"{field}={value!r}: {why}"
                                                                         for field, value, why in problems))
@@ -364,22 +353,15 @@ def tokens_seen(ckpt):
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
     cfg = ckpt.get('config', {})
-    family = "llama" if hf_config.model_type == "llama" else "gpt2"
+    family = hf_config.model_type
     dataset, tokens = cfg.get('dataset'), tokens_seen(ckpt)
-    meta = {"library_name": "transformers", "pipeline_tag": "text-generation",
-            "tags": ["nanogpt", family, "text-generation"]}
+    yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
+            f'- "{family}"', '- "text-generation"']
     if dataset:
-        meta["datasets"] = [str(dataset)]
+        yaml += ["datasets:", f"- {json.dumps(str(dataset))}"]
     if tokens is not None:
-        meta["training_tokens"] = tokens
-    meta["training_steps"] = int(ckpt.get('iter_num', 0))
-    yaml = ["---"]
-    for key, value in meta.items():
-        if isinstance(value, list):
-            yaml += [f"{key}:"] + [f"- {json.dumps(v)}" for v in value]
-        else:
-            yaml.append(f"{key}: {json.dumps(value)}")
-    yaml.append("---")
+        yaml.append(f"training_tokens: {tokens}")
+    yaml += [f"training_steps: {int(ckpt.get('iter_num', 0))}", "---"]
     lines = yaml + [
         "", "# Exported GPT checkpoint", "",
         f"Trained with a nanoGPT-style trainer: {type(hf_config).__name__.replace('Config', '')} architecture, "

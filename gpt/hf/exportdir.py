@@ -18,9 +18,10 @@ import json
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from gpt.runtime.errors import UserError
+from gpt.runtime.files import nearest_existing
 
 MARKER = "nanogpt_export.json"
 HASHED_UP_TO = 64 << 20  # bytes: larger files (the weights) are recognised by their size, not read again
@@ -66,16 +67,6 @@ def _listing(names, most=5):
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _existing_ancestor(path):
-    while not os.path.lexists(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def _inside(path, folder):
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def check(export_dir, force=False, keep=()):
     """Raise one UserError line if export_dir cannot take an export: a file or a link where the folder
     goes, a parent that cannot be created or written, a folder holding anything but an earlier export
@@ -87,7 +78,7 @@ def check(export_dir, force=False, keep=()):
                         f"{os.path.realpath(export_dir)}, or a new --export_dir")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise UserError(f"export_dir {export_dir} is a file, not a folder: choose a new --export_dir")
-    ancestor = _existing_ancestor(os.path.dirname(path))
+    ancestor = nearest_existing(os.path.dirname(path))
     if not os.path.isdir(ancestor):
         raise UserError(f"cannot create export_dir {export_dir}: {ancestor} is a file, not a folder; choose "
                         f"a new --export_dir")
@@ -97,12 +88,12 @@ def check(export_dir, force=False, keep=()):
     if not os.path.isdir(path):
         return
     for kept in keep:
-        if _inside(os.path.abspath(kept), path):
+        if os.path.commonpath([os.path.abspath(kept), path]) == path:
             raise UserError(f"export_dir {export_dir} holds {kept}, which replacing the folder would delete: "
                             f"choose a new --export_dir")
     strangers = not_ours(path)
     folders = [name for name in strangers if name.endswith("/")]
-    if strangers and force and folders:
+    if force and folders:
         raise UserError(f"export_dir {export_dir} holds folders ({_listing(folders)}), and an export never "
                         f"does: --force=True replaces only a folder of files; choose a new --export_dir")
     if strangers and not force:
@@ -116,7 +107,7 @@ def check(export_dir, force=False, keep=()):
 def check_space(export_dir, nbytes):
     """One UserError line if the disk export_dir goes on has no room for nbytes of weights (and the rest):
     the old folder stays until the new one is complete, so both must fit."""
-    disk = _existing_ancestor(os.path.dirname(os.path.abspath(export_dir)))
+    disk = nearest_existing(os.path.dirname(os.path.abspath(export_dir)))
     free, need = shutil.disk_usage(disk).free, nbytes + SLACK
     if free < need:
         raise UserError(f"no space for export_dir {export_dir}: the export needs about {need / 2**20:,.0f} MiB "
@@ -158,10 +149,9 @@ def writing(export_dir):
     as it was; a failure to write is one UserError line."""
     path = os.path.abspath(export_dir)
     parent = os.path.dirname(path)
-    made = []
-    folder = None
+    made, folder = [], None
     try:
-        ancestor = _existing_ancestor(parent)
+        ancestor = nearest_existing(parent)
         while parent != ancestor:  # each missing parent, outermost first
             made.insert(0, parent)
             parent = os.path.dirname(parent)
@@ -178,10 +168,8 @@ def writing(export_dir):
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         for d in reversed(made):
-            try:
+            with suppress(OSError):
                 os.rmdir(d)
-            except OSError:
-                pass
         if isinstance(e, OSError) and e.errno in WRITE_ERRORS:
             raise UserError(f"cannot write export_dir {export_dir}: {e.strerror} ({e.filename or path}); "
                             f"nothing was changed there") from None
