@@ -1,5 +1,5 @@
 """
-data/techdocs/prepare.py on the CPU, offline: small fake .deb files (an ar archive holding data.tar.xz or
+dev/techdocs.py on the CPU, offline: small fake .deb files (an ar archive holding data.tar.xz or
 .gz, as Debian's) with a few documents each, built as a user would (--debs, then --text from the text it
 assembled); its token files against the benchmark's own cut (make_corpus.py's loop, copied below), what it
 leaves out, and its mistakes as one line that writes nothing. Also dev/speedrun.py's choice of corpus.
@@ -20,7 +20,7 @@ from gpt.data import find_dataset, open_tokens
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import gpt2_encoding
 
-PREPARE = os.path.join(ROOT, "data", "techdocs", "prepare.py")
+PREPARE = os.path.join(ROOT, "dev", "techdocs.py")
 spec = importlib.util.spec_from_file_location("techdocs_prepare", PREPARE)
 prepare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(prepare)
@@ -149,7 +149,7 @@ def test_the_corpus_is_the_documents_cut_and_tokenized_as_the_benchmarks(built):
     x, y = make_loader(data_dir, "val", 2, 1024, "cpu", 50304).next_batch()
     assert tuple(x.shape) == (2, 1024) and (x[:, 1:] == y[:, :-1]).all()
     assert f"val.bin: {len(val):,} tokens, sha256" in r.stdout
-    assert "next: python train.py config/techdocs_nanogpt.py" in r.stdout
+    assert "next: python train.py dev/techdocs_nanogpt.py" in r.stdout
     assert "linux-doc-6.1_1.0_all.deb: 2 documents" in r.stdout
 
 
@@ -266,13 +266,13 @@ def test_mistakes_are_one_line_and_write_nothing(debs, tmp_path):
 
 def test_speedrun_builds_or_names_the_corpus(built, tmp_path, gpt2_ranks_path):
     out, _ = built
-    with pytest.raises(SystemExit, match=r"python data/techdocs/prepare.py --text="):
+    with pytest.raises(SystemExit, match=r"python dev/techdocs.py --text="):
         speedrun.corpus(str(tmp_path / "missing"), "techdocs", "", "", "")
     with pytest.raises(SystemExit, match="--corpus_script"):
         speedrun.corpus(str(tmp_path / "missing"), "gcide", "", "", "")
     speedrun.corpus(str(tmp_path / "built"), "techdocs", str(out / "techdocs.txt.gz"), "", gpt2_ranks_path)
     assert (tmp_path / "built" / "val.bin").read_bytes() == (out / "val.bin").read_bytes()
     speedrun.corpus(str(out), "techdocs", "", "", "")  # already there: nothing to do
-    settings = speedrun.nanogpt_settings(os.path.join(ROOT, "config", "techdocs_nanogpt.py"))
+    settings = speedrun.nanogpt_settings(os.path.join(ROOT, "dev", "techdocs_nanogpt.py"))
     assert settings["dataset"] == "techdocs" and settings["max_iters"] % settings["eval_interval"] == 0
     assert settings["warmup_iters"] * 10 == settings["max_iters"] == settings["lr_decay_iters"]
