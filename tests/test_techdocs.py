@@ -19,6 +19,7 @@ from conftest import ROOT, run
 from gpt.data import find_dataset, open_tokens
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import gpt2_encoding
+from gpt.runtime.errors import UserError
 
 PREPARE = os.path.join(ROOT, "dev", "techdocs.py")
 spec = importlib.util.spec_from_file_location("techdocs_prepare", PREPARE)
@@ -262,6 +263,14 @@ def test_mistakes_are_one_line_and_write_nothing(debs, tmp_path):
     assert "could not be read" in mistake(tmp_path, f"--text={tmp_path / 'plain.txt.gz'}")
     (tmp_path / "short.txt.gz").write_bytes(gzip.compress(b"a few words"))
     assert "at least 20" in mistake(tmp_path, f"--text={tmp_path / 'short.txt.gz'}")
+
+
+def test_train_names_the_builder_of_missing_techdocs(tmp_path):
+    with pytest.raises(UserError, match=r"`python dev/techdocs.py --out_dir=\S*nowhere`"):
+        find_dataset("techdocs", str(tmp_path / "nowhere"))  # --dataset=techdocs --data_dir=...
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"no train split .*`python dev/techdocs.py --out_dir="):
+        find_dataset("techdocs", str(tmp_path / "empty"))
 
 
 def test_speedrun_builds_or_names_the_corpus(built, tmp_path, gpt2_ranks_path):
