@@ -4,7 +4,7 @@
 # switches, the batch and the schedule, each one taken from the modded-nanogpt speedrun
 # (github.com/KellerJordan/modded-nanogpt) or a paper, i.e. chosen because it has transferred across models
 # and data, not tuned to this dictionary (only the batch and the step count were chosen from runs on it).
-# Any other corpus: --dataset=techdocs (data/techdocs), measured there too.
+# Any other corpus: --dataset=techdocs (data/techdocs, built by dev/techdocs.py), measured there too.
 # dev/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
 out_dir = 'out-speedrun'
 dataset = 'gcide'

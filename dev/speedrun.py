@@ -3,11 +3,11 @@
 The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to back:
 
 1. data/<--dataset> (gcide by default: train.bin, val.bin), if missing, from its gzipped text (--gcide, or
-   --text): gcide's with the benchmark's make_corpus.py, techdocs' with data/techdocs/prepare.py --text
+   --text): gcide's with the benchmark's make_corpus.py, techdocs' with dev/techdocs.py --text
    (the same cut and tokens);
 2. karpathy/nanoGPT's own train.py (a copy of the --anchor folder, run in a scratch folder under --out)
    on the benchmark's config for that corpus (--nanogpt_config: gcide_nanogpt.py,
-   config/techdocs_nanogpt.py), its stdout lines timestamped here;
+   dev/techdocs_nanogpt.py), its stdout lines timestamped here;
 3. this project's recipe (--config, config/speedrun_gcide.py) once per seed, its checkpoint at the end;
    and, with --curve, one more run of the first seed that also saves a checkpoint every --curve_tokens
    (those saves cost seconds, so its times are drawn, not reported);
@@ -26,7 +26,7 @@ runs it unbuffered), so start-up, compilation and evaluations all count.
         --gcide=.shared/data/gcide.txt.gz --nanogpt_config=.shared/bench/gcide_nanogpt.py --seeds=1337,1,2
     python dev/speedrun.py --anchor=.shared/anchors/nanogpt --dataset=techdocs \\
         --text=.shared/data/techdocs.txt.gz --ranks=.shared/data/gpt2.tiktoken \\
-        --nanogpt_config=config/techdocs_nanogpt.py --seeds=1337,1,2
+        --nanogpt_config=dev/techdocs_nanogpt.py --seeds=1337,1,2
 """
 import argparse
 import glob
@@ -40,6 +40,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+# a corpus's own builder, run with --text to make data/<dataset> (gcide has none: the benchmark's make_corpus.py)
+BUILDERS = {"techdocs": "dev/techdocs.py"}
 
 EVAL_LINE = re.compile(r"(?:\[rank\d+\]: )?step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
 
@@ -189,20 +192,20 @@ def nanogpt_settings(path):
 
 def corpus(data, dataset, text, corpus_script, ranks):
     """data (the folder of train.bin and val.bin), built from the gzipped text when it lacks them: by the
-    dataset's own prepare.py where it has one (data/techdocs/prepare.py --text), else by the benchmark's
-    make_corpus.py. Both cut and tokenize alike, so either gives the same files."""
+    corpus's own builder where it has one (dev/techdocs.py --text), else by the benchmark's make_corpus.py.
+    Both cut and tokenize alike, so either gives the same files."""
     if all(os.path.exists(os.path.join(data, f)) for f in ("train.bin", "val.bin")):
         return
-    prepare = os.path.join(ROOT, "data", dataset, "prepare.py")
+    builder = BUILDERS.get(dataset)
     env = {**os.environ, **({"GPT2_TIKTOKEN_FILE": os.path.abspath(ranks)} if ranks else {})}
-    if text and os.path.isfile(prepare):
-        cmd = [sys.executable, prepare, f"--text={text}", f"--out_dir={data}"]
+    if text and builder:
+        cmd = [sys.executable, os.path.join(ROOT, builder), f"--text={text}", f"--out_dir={data}"]
     elif text and corpus_script:
         cmd = [sys.executable, corpus_script, "--input", text, "--out", data] + (["--ranks", ranks] if ranks else [])
-    elif os.path.isfile(prepare):
-        raise SystemExit(f"error: {data} has no train.bin and val.bin: build them with `python data/{dataset}/"
-                         f"prepare.py --text=.shared/data/{dataset}.txt.gz` (the text it assembled), or pass that "
-                         f"text here as --text")
+    elif builder:
+        raise SystemExit(f"error: {data} has no train.bin and val.bin: build them with `python {builder} "
+                         f"--text=.shared/data/{dataset}.txt.gz` (the text it assembled), or pass that text here "
+                         f"as --text")
     else:
         raise SystemExit(f"error: {data} has no train.bin and val.bin: pass --gcide (the corpus's text) and "
                          f"--corpus_script (the benchmark's make_corpus.py) to build them")
@@ -214,13 +217,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--anchor", required=True, help="folder with karpathy/nanoGPT's train.py, model.py, configurator.py")
     p.add_argument("--nanogpt_config", required=True, help="nanoGPT's recipe for --dataset: the benchmark's "
-                   "gcide_nanogpt.py, config/techdocs_nanogpt.py")
+                   "gcide_nanogpt.py, dev/techdocs_nanogpt.py")
     p.add_argument("--dataset", default="gcide", help="the corpus, data/<dataset>: gcide or techdocs")
     p.add_argument("--gcide", "--text", dest="text", default="", help="the corpus's gzipped text, to build "
                    "data/<dataset> where it is missing: gcide.txt.gz (with --corpus_script), or techdocs.txt.gz "
-                   "(built by data/techdocs/prepare.py)")
+                   "(built by dev/techdocs.py)")
     p.add_argument("--corpus_script", default="", help="the benchmark's make_corpus.py, for a corpus without "
-                   "its own data/<dataset>/prepare.py (gcide)")
+                   "its own builder (gcide)")
     p.add_argument("--ranks", default="", help="gpt2.tiktoken for building the corpus (default: "
                    "make_corpus.py's own, or $GPT2_TIKTOKEN_FILE)")
     p.add_argument("--config", default=os.path.join(ROOT, "config", "speedrun_gcide.py"))

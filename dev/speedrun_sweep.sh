@@ -5,9 +5,10 @@
 # against its score from dev/speedrun.py (the comparison itself).
 #   $ bash dev/speedrun_sweep.sh "--max_iters=120" "--max_iters=150 --compile=True"   (logs under $OUT)
 # CONFIG=config/other.py picks another recipe (default config/speedrun_gcide.py); DATASET=techdocs
-# another corpus; SCORE=0 skips the scoring (for timing variants only); GPUS=4 runs the list four at a time,
-# one run per GPU (run i on GPU i mod 4, each GPU's runs in turn: a tuning shortcut, since runs beside each
-# other share the host's CPUs and disk; time the final recipe alone), from GPU FIRST_GPU on (default 0).
+# another corpus (built by dev/techdocs.py); SCORE=0 skips the scoring (for timing variants only); GPUS=4
+# runs the list four at a time, one run per GPU (run i on GPU i mod 4, each GPU's runs in turn: a tuning
+# shortcut, since runs beside each other share the host's CPUs and disk; time the final recipe alone), from
+# GPU FIRST_GPU on (default 0).
 set -uo pipefail
 out=${OUT:-bench-out}; mkdir -p "$out"
 config=${CONFIG:-config/speedrun_gcide.py}

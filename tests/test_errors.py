@@ -148,7 +148,7 @@ CASES = [
      lambda tmp, s: [f"--init_from={s.pretrained()}", "--block_size=64"], ["block_size=64", "32"]),
     ("missing_dataset_folder", "train.py",
      lambda tmp, s: ["--dataset=no_such_dataset", "--data_dir="],
-     ["no_such_dataset", "python data/<fineweb|openwebtext|shakespeare|shakespeare_char|techdocs|text>/prepare.py"]),
+     ["no_such_dataset", "python data/<fineweb|openwebtext|shakespeare|shakespeare_char|text>/prepare.py"]),
     ("missing_train_bin", "train.py",
      lambda tmp, s: [f"--data_dir={write_dataset(os.path.join(tmp, 'd'), val=good_ids(100))}"],
      ["error: data_dir ", "has no train split", "train.bin", "python data/<fineweb|", "prepare.py --out_dir="]),

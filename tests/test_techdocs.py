@@ -1,5 +1,5 @@
 """
-data/techdocs/prepare.py on the CPU, offline: small fake .deb files (an ar archive holding data.tar.xz or
+dev/techdocs.py on the CPU, offline: small fake .deb files (an ar archive holding data.tar.xz or
 .gz, as Debian's) with a few documents each, built as a user would (--debs, then --text from the text it
 assembled); its token files against the benchmark's own cut (make_corpus.py's loop, copied below), what it
 leaves out, and its mistakes as one line that writes nothing. Also dev/speedrun.py's choice of corpus.
@@ -19,8 +19,9 @@ from conftest import ROOT, run
 from gpt.data import find_dataset, open_tokens
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import gpt2_encoding
+from gpt.runtime.errors import UserError
 
-PREPARE = os.path.join(ROOT, "data", "techdocs", "prepare.py")
+PREPARE = os.path.join(ROOT, "dev", "techdocs.py")
 spec = importlib.util.spec_from_file_location("techdocs_prepare", PREPARE)
 prepare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(prepare)
@@ -149,7 +150,7 @@ def test_the_corpus_is_the_documents_cut_and_tokenized_as_the_benchmarks(built):
     x, y = make_loader(data_dir, "val", 2, 1024, "cpu", 50304).next_batch()
     assert tuple(x.shape) == (2, 1024) and (x[:, 1:] == y[:, :-1]).all()
     assert f"val.bin: {len(val):,} tokens, sha256" in r.stdout
-    assert "next: python train.py config/techdocs_nanogpt.py" in r.stdout
+    assert "next: python train.py dev/techdocs_nanogpt.py" in r.stdout
     assert "linux-doc-6.1_1.0_all.deb: 2 documents" in r.stdout
 
 
@@ -264,15 +265,23 @@ def test_mistakes_are_one_line_and_write_nothing(debs, tmp_path):
     assert "at least 20" in mistake(tmp_path, f"--text={tmp_path / 'short.txt.gz'}")
 
 
+def test_train_names_the_builder_of_missing_techdocs(tmp_path):
+    with pytest.raises(UserError, match=r"`python dev/techdocs.py --out_dir=\S*nowhere`"):
+        find_dataset("techdocs", str(tmp_path / "nowhere"))  # --dataset=techdocs --data_dir=...
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"no train split .*`python dev/techdocs.py --out_dir="):
+        find_dataset("techdocs", str(tmp_path / "empty"))
+
+
 def test_speedrun_builds_or_names_the_corpus(built, tmp_path, gpt2_ranks_path):
     out, _ = built
-    with pytest.raises(SystemExit, match=r"python data/techdocs/prepare.py --text="):
+    with pytest.raises(SystemExit, match=r"python dev/techdocs.py --text="):
         speedrun.corpus(str(tmp_path / "missing"), "techdocs", "", "", "")
     with pytest.raises(SystemExit, match="--corpus_script"):
         speedrun.corpus(str(tmp_path / "missing"), "gcide", "", "", "")
     speedrun.corpus(str(tmp_path / "built"), "techdocs", str(out / "techdocs.txt.gz"), "", gpt2_ranks_path)
     assert (tmp_path / "built" / "val.bin").read_bytes() == (out / "val.bin").read_bytes()
     speedrun.corpus(str(out), "techdocs", "", "", "")  # already there: nothing to do
-    settings = speedrun.nanogpt_settings(os.path.join(ROOT, "config", "techdocs_nanogpt.py"))
+    settings = speedrun.nanogpt_settings(os.path.join(ROOT, "dev", "techdocs_nanogpt.py"))
     assert settings["dataset"] == "techdocs" and settings["max_iters"] % settings["eval_interval"] == 0
     assert settings["warmup_iters"] * 10 == settings["max_iters"] == settings["lr_decay_iters"]

@@ -249,10 +249,16 @@ def prepare_choices():
                   if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
 
 
+# datasets built by a developer tool instead of a data/<dataset>/prepare.py: the speedrun's measurement corpus
+DEV_BUILDERS = {"techdocs": "dev/techdocs.py"}
+
+
 def prepare_hint(dataset):
     """The command that prepares `dataset`, or the choices when it has no prepare script (or is '')."""
     if is_dataset_name(dataset) and os.path.isfile(os.path.join(REPO, "data", dataset, "prepare.py")):
         return f"python data/{dataset}/prepare.py"
+    if dataset in DEV_BUILDERS and os.path.isfile(os.path.join(REPO, DEV_BUILDERS[dataset])):
+        return f"python {DEV_BUILDERS[dataset]}"
     choices = prepare_choices()
     if not choices:
         return "the prepare.py of a dataset in the checkout's data/ folder"

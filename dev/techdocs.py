@@ -6,15 +6,15 @@ Perl's core documentation (perl-doc: pod/*.pod) - about 42 MB of text. It is cut
 the benchmark's gcide corpus: at blank lines into chunks of about 64 KB, every 20th chunk to val, each chunk
 GPT-2 BPE followed by <|endoftext|> (50256), uint16.
 
-    python data/techdocs/prepare.py                                # downloads the three pinned .deb files (58 MB)
-    python data/techdocs/prepare.py --debs=DIR                     # the same files, already on this machine
-    python data/techdocs/prepare.py --text=path/to/techdocs.txt.gz  # the text an earlier run assembled
+    python dev/techdocs.py                                 # downloads the three pinned .deb files (58 MB)
+    python dev/techdocs.py --debs=DIR                      # the same files, already on this machine
+    python dev/techdocs.py --text=path/to/techdocs.txt.gz  # the text an earlier run assembled
 
-Writes to --out_dir (default: this folder): techdocs.txt.gz (the assembled text, its documents in path order,
-a blank line between two; not with --text), train.bin, val.bin and meta.json. The .deb files are pinned by
-version and sha256 and read here (an ar archive holding data.tar.xz), so no dpkg is needed and the same
-files always give the same corpus. Offline, give --debs or --text and set GPT2_TIKTOKEN_FILE to a local
-gpt2.tiktoken ranks file.
+Writes to --out_dir (default: data/techdocs, where train.py's --dataset=techdocs finds it): techdocs.txt.gz
+(the assembled text, its documents in path order, a blank line between two; not with --text), train.bin,
+val.bin and meta.json. The .deb files are pinned by version and sha256 and read here (an ar archive holding
+data.tar.xz), so no dpkg is needed and the same files always give the same corpus. Offline, give --debs or
+--text and set GPT2_TIKTOKEN_FILE to a local gpt2.tiktoken ranks file.
 """
 import argparse
 import glob
@@ -32,14 +32,15 @@ import urllib.request
 import zlib
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from gpt.data.sources import make_out_dir, say_next, write_meta, write_tokens
 from gpt.data.tokenizer import GPT2_EOT, dataset_tokenizer, gpt2_encoding
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+DATA_DIR = os.path.join(ROOT, "data", "techdocs")  # train.py's data/<dataset> for --dataset=techdocs
 TEXT_NAME = "techdocs.txt.gz"
 MIRROR = "https://deb.debian.org/"
 SNAPSHOT = "https://snapshot.debian.org/package/"
@@ -310,7 +311,7 @@ def main(argv=None):
     parser.add_argument("--unpinned", action="store_true",
                         help="with --debs: take whatever version of each package the folder holds, unchecked "
                              "(a different corpus from the benchmark's)")
-    parser.add_argument("--out_dir", default=HERE)
+    parser.add_argument("--out_dir", default=DATA_DIR)
     args = parser.parse_args(argv)
     if args.debs and args.text:
         raise UserError("give --debs or --text, not both: --text is the text already assembled from the .deb files")
@@ -351,7 +352,7 @@ def main(argv=None):
     _, meta = dataset_tokenizer("gpt2", args.out_dir)
     write_meta(args.out_dir, meta)  # last: a folder with meta.json is a finished dataset
     print(f"wrote {args.out_dir}: {', '.join(written + ['train.bin', 'val.bin', 'meta.json'])}")
-    say_next("config/techdocs_nanogpt.py", args.out_dir, HERE, "  (nanoGPT's recipe sized for it)")
+    say_next("dev/techdocs_nanogpt.py", args.out_dir, DATA_DIR, "  (nanoGPT's recipe sized for it)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 # The time-to-quality benchmark's reference recipe on its second corpus: nanoGPT's GPT-2 (124M) settings on
-# techdocs (python data/techdocs/prepare.py writes data/techdocs/train.bin and val.bin), the settings of the
+# techdocs (python dev/techdocs.py writes data/techdocs/train.bin and val.bin), the settings of the
 # gcide recipe (gcide_nanogpt.py) with its length scaled to this corpus, for one GPU:
 # 16 x 1024 tokens x 4 micro-steps = 65,536 tokens a step, as for gcide. gcide's 400 steps are 26,214,400
 # tokens, 1.703 epochs of its 15,390,185 train tokens; 1.703 epochs of techdocs' 13,102,599 are 22.3M tokens,
