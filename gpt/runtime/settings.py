@@ -14,7 +14,7 @@ A feature declares its settings beside its code as a dict of name -> Setting (gp
 which the script hands to the configurator. Adding a setting to a feature is its declaration and its use.
 """
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpt.runtime.errors import UserError
 
@@ -78,19 +78,6 @@ def comments(source):
         m = re.match(r"\s*(\w+)\s*(:.*?)?=[^#]*#\s*(.+)$", line)
         if m:
             found.setdefault(m.group(1), m.group(3).strip())
-    return found
-
-
-def declared(globals_, comments, sections=()):
-    """{name: Setting} of a script: its annotated globals (the value as default, the comment as doc), then the
-    sections' declarations (a plain dict of name -> default declares settings with no check)."""
-    found = {}
-    for name, note in globals_.get('__annotations__', {}).items():
-        if isinstance(note, Setting) and name in globals_:
-            found[name] = replace(note, default=globals_[name], doc=comments.get(name, note.doc))
-    for section in sections:
-        for name, value in section.items():
-            found.setdefault(name, value if isinstance(value, Setting) else Setting(default=value))
     return found
 
 
