@@ -200,12 +200,10 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
 
 def static_graph_problem(model):
     """Why DDP's static_graph would be wrong for this model, or None. static_graph lets DDP plan its gradient
-    reductions once, from the first step, which holds only if every step uses the same parameters; a
-    parameter that gets no gradient from a training step (one the forward pass never reaches) marks a model
-    whose steps may differ. Checked on a forward and backward pass of one short sequence, in eval mode (no
-    dropout: the run's random numbers stay as they were) and without touching the parameters' .grad. A model
-    of your own whose parameters are used in some steps and not in others (routing, say) needs
-    --ddp_static_graph=False, since one pass cannot see that."""
+    reductions once, from the first step, which holds only if every step uses the same parameters: one that
+    gets no gradient from a training step marks a model whose steps may differ. One pass in eval mode (no
+    dropout: the run's random numbers stay as they were) cannot see parameters used in some steps and not in
+    others (routing, say): a model of your own like that needs --ddp_static_graph=False."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     device = params[0][1].device
     idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
