@@ -164,7 +164,6 @@ def check_fast_path(B):
         out.append((loss.item(), [p.grad.float() for p in model.parameters()]))
     (plain_loss, plain_grads), (fast_loss, fast_grads) = out
     diff = max(((f - p).norm() / p.norm()).item() for f, p in zip(fast_grads, plain_grads))
-    del model, step_model
     return dict(plain_loss=plain_loss, fast_loss=fast_loss, max_grad_rel_diff=diff)
 
 
@@ -214,20 +213,18 @@ def bench_generate(B):
     compile_step = hardware.can_compile(compile, device_type)
     prompt = torch.randint(0, vocab_size, (B, 1), device=device)
     with gen_ctx:
-        # warm-up of the same shape: on CUDA it captures the decode step's graph, which the timed run reuses
-        model.generate(prompt, gen_tokens, top_k=top_k or None, compile_step=compile_step)
-        sync()
-        t0 = time.perf_counter()
-        model.generate(prompt, gen_tokens, top_k=top_k or None, compile_step=compile_step)
-        sync()
+        # a warm-up of the same shape (on CUDA it captures the decode step's graph, which is reused), then the timed run
+        for _ in range(2):
+            t0 = time.perf_counter()
+            model.generate(prompt, gen_tokens, top_k=top_k or None, compile_step=compile_step)
+            sync()
         dt = time.perf_counter() - t0
         # the cache (and the graph) must not change the result: greedy decoding with and without it
         greedy = model.generate(prompt, 128, temperature=0)
         plain = model.generate(prompt, 128, temperature=0, use_cache=False)
-    graphs = generation.uses_graphs(model, device)
-    del model
     return dict(batch_size=B, new_tokens=gen_tokens, seconds=dt, tokens_per_s=B * gen_tokens / dt,
-                cuda_graph=graphs, greedy_matches_uncached=bool(torch.equal(greedy, plain)))
+                cuda_graph=generation.uses_graphs(model, device),
+                greedy_matches_uncached=bool(torch.equal(greedy, plain)))
 
 
 def git_revision():

@@ -90,9 +90,10 @@ class TokenFile:
     past the end of a mapped file that was cut short would kill the process (SIGBUS), not raise.
     nanoGPT re-created its memmap every batch because a long-lived one seemed to leak: its resident size grows
     as windows are read. Those pages are the page cache's, though, clean copies of a read-only file that the
-    kernel shares and drops under memory pressure, not memory the process holds, so one mapping is bounded."""
+    kernel shares and drops under memory pressure, not memory the process holds, so one mapping is bounded.
+    was: the file's os.stat when the run started, for a file mapped only when its turn comes (a shard)."""
 
-    def __init__(self, path, open_fn):
+    def __init__(self, path, open_fn, was=None):
         self.path, self.tokens = path, open_fn(path)  # open_fn checks the file first: one line if it is bad
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -100,6 +101,10 @@ class TokenFile:
             raise UserError(f"{path} cannot be read ({e.strerror or e}): check its permissions") from None
         weakref.finalize(self, os.close, fd)
         self.fd, self.stat = fd, os.fstat(fd)
+        now = self.stat
+        if was and (was.st_ino, was.st_size, was.st_mtime_ns) != (now.st_ino, now.st_size, now.st_mtime_ns):
+            raise UserError(f"{path} changed since the run started ({was.st_size:,} bytes then, {now.st_size:,} "
+                            f"now): a run reads the shards it checked at its start; put the shard back and resume")
 
     def check(self):
         now = os.fstat(self.fd)
@@ -128,6 +133,14 @@ def check_position(state, counts, sizes=()):
                         f"numbers {', '.join(counts)}): the checkpoint is damaged or was edited")
 
 
+def to_device(device, x, y):
+    """A batch on the device; pinned host memory lets a copy to a GPU run asynchronously, overlapping the
+    current step."""
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
 def describe_shards(shards):
     """[(name, tokens), ...] in a few words: '3 shards (a_000001.bin to a_000003.bin, 1,500 tokens)'."""
     names, total = [name for name, _ in shards], sum(n for _, n in shards)
@@ -147,27 +160,20 @@ class RandomWindows:
         self.world_size, self.micro_steps = world_size, micro_steps
         self.batches = 0  # micro-batches this rank has drawn so far
 
-    def windows(self, n):
-        """(step, first, last): this rank's micro-batch n is windows first..last-1 of that step's global batch,
-        whose offsets one generator draws (see the module's docstring)."""
-        step, j = divmod(n, self.micro_steps)
-        first = (self.rank * self.micro_steps + j) * self.batch_size
-        return step, first, first + self.batch_size
-
     def next_batch(self):
         data = self.file.check()
-        step, first, last = self.windows(self.batches)
+        # this rank's micro-batch is a run of the windows of its step's global batch, whose offsets one
+        # generator draws (see the module's docstring)
+        step, j = divmod(self.batches, self.micro_steps)
+        first = (self.rank * self.micro_steps + j) * self.batch_size
         rng = np.random.default_rng([self.seed, self.stream, 0, step])
         self.batches += 1
         everyone = self.world_size * self.micro_steps * self.batch_size  # the step's global batch
-        ix = rng.integers(0, len(data) - self.block_size, size=everyone)[first:last].tolist()
+        ix = rng.integers(0, len(data) - self.block_size, size=everyone)[first:first + self.batch_size].tolist()
         xy = np.stack([data[i:i + self.block_size + 1].astype(np.int64) for i in ix])
         check_ids(xy, self.vocab_size, self.path)
         x, y = torch.from_numpy(np.ascontiguousarray(xy[:, :-1])), torch.from_numpy(np.ascontiguousarray(xy[:, 1:]))
-        if self.device.type == "cuda":
-            # pinned host memory lets the copy run asynchronously, overlapping the current step
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
+        return to_device(self.device, x, y)
 
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
@@ -189,11 +195,10 @@ class RandomWindows:
         # a run resumed with another split of the global batch (processes, micro-steps) goes on at the step the
         # saved one reached: a checkpoint is written between steps. An older checkpoint has no micro_steps (nor,
         # older still, world_size): its batches were counted per rank and micro-step at one micro-step per step
-        saved_steps, saved_world = state.get("micro_steps", 1), state.get("world_size", self.world_size)
         if "micro_steps" in state:
-            self.batches = state["batches"] // saved_steps * self.micro_steps
+            self.batches = state["batches"] // state["micro_steps"] * self.micro_steps
         else:
-            self.batches = -(-state["batches"] * saved_world // self.world_size)
+            self.batches = -(-state["batches"] * state.get("world_size", self.world_size) // self.world_size)
 
 
 class SequentialShards:
@@ -222,13 +227,7 @@ class SequentialShards:
         """The shard's tokens, mapped once while it is read: the file checked when the run started, else one line."""
         if self.open[0] != shard:
             self.open = None, None  # the previous shard's mapping goes first
-            opened = TokenFile(self.paths[shard], open_shard)
-            was, now = self.files[shard], opened.stat
-            if (was.st_ino, was.st_size, was.st_mtime_ns) != (now.st_ino, now.st_size, now.st_mtime_ns):
-                raise UserError(f"{opened.path} changed since the run started ({was.st_size:,} bytes then, "
-                                f"{now.st_size:,} now): a run reads the shards it checked at its start; put the "
-                                f"shard back and resume")
-            self.open = shard, opened
+            self.open = shard, TokenFile(self.paths[shard], open_shard, was=self.files[shard])
         return self.open[1].check()
 
     def next_batch(self):
@@ -246,14 +245,10 @@ class SequentialShards:
         buf = torch.from_numpy(buf)
         self.offset += self.step
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
-        if self.device.type == "cuda":
-            # pinned host memory lets the copy run asynchronously, overlapping the current step
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
+        return to_device(self.device, x, y)
 
     def state_dict(self):
-        # The position that draws the latest batch again: the training loop always holds one batch it has
-        # fetched but not yet used, and a resumed run must start with that batch.
+        # the position that draws the latest batch again, as RandomWindows' state does
         shard, offset, epoch = self.drawn or (self.shard, self.offset, self.epoch)
         return {"shard": shard, "offset": offset, "epoch": epoch, "shards": [list(s) for s in self.shards]}
 

@@ -132,19 +132,17 @@ def _hf_vocab_size(hf):
 
 
 def get_tokenizer(meta):
-    """The tokenizer for a dataset's meta dict (from datafiles.read_meta); None means GPT-2 BPE, as in nanoGPT."""
-    if meta is None:
+    """The tokenizer for a dataset's meta dict (from gpt.data.read_meta); None means GPT-2 BPE, as in nanoGPT."""
+    name = (meta or {}).get("tokenizer", "gpt2")
+    if name == "gpt2":
         return Tokenizer("gpt2")
-    name = meta.get("tokenizer", "gpt2")
     if name == "char":
         if not isinstance(meta.get("itos"), list):
             raise UserError("meta.json says tokenizer 'char' but has no 'itos' list; re-run the dataset's prepare.py")
         return Tokenizer("char", meta["itos"])
-    if name == "gpt2":
-        return Tokenizer("gpt2")
     if name == "hf":
         if not isinstance(meta.get("tokenizer_json"), str):
-            raise UserError("meta says tokenizer 'hf' but holds no tokenizer_json (read it with datafiles.read_meta)")
+            raise UserError("meta says tokenizer 'hf' but holds no tokenizer_json (read it with gpt.data.read_meta)")
         return Tokenizer("hf", tokenizer_json=meta["tokenizer_json"], eot=meta.get("eot"))
     raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2, hf)")
 
@@ -175,9 +173,8 @@ def train_bpe(texts, vocab_size, progress=None):
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    if progress is None:
-        progress = sys.stderr.isatty()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=progress,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  show_progress=sys.stderr.isatty() if progress is None else progress,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)
     return tok
@@ -188,9 +185,8 @@ def dataset_tokenizer(choice, out_dir, texts=None, vocab_size=None):
     (an iterable of the training split's texts); or the path of a tokenizers JSON file. Returns the Tokenizer
     and the dataset's meta.json; the last two save the tokenizer as out_dir/tokenizer.json."""
     if choice == "gpt2":
-        enc = gpt2_encoding()
-        return Tokenizer("gpt2"), {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16",
-                                   "eot": enc.eot_token}
+        tok = Tokenizer("gpt2")
+        return tok, {"tokenizer": "gpt2", "vocab_size": tok.vocab_size, "dtype": "uint16", "eot": tok.eot}
     if choice == "train":
         print(f"training a byte-level BPE tokenizer of {vocab_size:,} tokens")
         tokenizer_json = train_bpe(texts(), vocab_size).to_str()
@@ -301,8 +297,7 @@ def check_data_for_model(data_meta, init_from, resumed, data_label):
     if init_from == "scratch" or (resumed is not None and "dataset_meta" not in resumed):
         return
     try:
-        model_meta = resumed["dataset_meta"] if resumed is not None else (
-            folder_meta(init_from) if os.path.isdir(init_from) else None)
+        model_meta = resumed["dataset_meta"] if resumed is not None else folder_meta(init_from)
     except UserError:
         return  # a folder whose tokenizer cannot be known: nothing to compare (the vocabulary check remains)
     model_from = resumed["path"] if resumed is not None else init_from

@@ -13,7 +13,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
 
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 from gpt.runtime.settings import POSITIVE, Setting
@@ -137,34 +139,25 @@ def init_process(device, backend, timeout_minutes):
     if cuda:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    timeout = timedelta(minutes=timeout_minutes)
-    dist.init_process_group(backend=backend or ("nccl" if cuda else "gloo"), timeout=timeout,
+    dist.init_process_group(backend=backend or ("nccl" if cuda else "gloo"), timeout=timedelta(minutes=timeout_minutes),
                             device_id=torch.device(device) if cuda else None)
     return True, rank, local_rank, world_size, device
 
 
 def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=100.0,
          bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model"):
-    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded.
-
-    reduce_dtype: the dtype gradients are summed in over the GPUs, 'float32' (exact, the default) or
-    'bfloat16' (half the bytes on the wire: a DDP communication hook like torch's bf16_compress_hook,
-    FSDP2's reduce_dtype).
-    DDP only: bucket_mb, gradients are all-reduced in buckets of about this many MB (DDP's bucket_cap_mb;
-    torch.compile's DDPOptimizer splits the compiled graph at the same boundaries so the buckets' reductions
-    overlap the backward pass); bucket_view, gradients are views into the buckets (no copy in or out, less
-    memory); static_graph, DDP's static_graph=True (the same parameters get gradients every step), kept only
-    where static_graph_problem finds none.
-    FSDP2 only: reshard_after_forward, free each block's gathered weights after its forward and gather them
-    again for the backward (least memory), or keep them gathered through the step's micro-steps and reshard
-    after the last backward (one all-gather a step instead of two per block and micro-step: for models whose
-    bf16 weights fit a GPU whole, as GPT-2 124M's do).
-    compile_scope: 'model' (torch.compile of the whole model) or 'blocks' (each block compiled in place, one
-    compiled code for all of them: see SETTINGS)."""
+    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded. The
+    options are SETTINGS' (wrap_args names them). reduce_dtype='bfloat16' is a DDP communication hook like
+    torch's bf16_compress_hook, or FSDP2's reduce_dtype. DDP's buckets of bucket_mb also overlap a compiled
+    model's reductions with its backward pass: torch.compile's DDPOptimizer splits the graph at their
+    boundaries; bucket_view spares a copy of the gradients into and out of them. FSDP2's
+    reshard_after_forward=False keeps each block's gathered weights through the step's micro-steps (one
+    all-gather a step instead of two per block and micro-step): for models whose bf16 weights fit a GPU whole,
+    as GPT-2 124M's do."""
+    several = dist.is_available() and dist.is_initialized()
     check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb),
-          compile, dist.is_available() and dist.is_initialized())  # the plan has checked them: callers of their own
+          compile, several)  # the plan has checked them: callers of their own
     if parallelism == "ddp":
-        several = dist.is_available() and dist.is_initialized()
         problem = several and static_graph and static_graph_problem(model)  # on the model as built, not compiled
         if problem:
             print(f"ddp_static_graph: off ({problem})")
@@ -183,8 +176,7 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
         if reduce_dtype == "bfloat16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
         return ddp
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # here: importing it takes seconds
     # the mesh of this run's device type: FSDP's default mesh is CUDA's whenever a GPU is present, so a CPU run
     # (gloo) on a machine with fewer GPUs than ranks would ask for a GPU per rank
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
@@ -208,12 +200,10 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
 
 def static_graph_problem(model):
     """Why DDP's static_graph would be wrong for this model, or None. static_graph lets DDP plan its gradient
-    reductions once, from the first step, which holds only if every step uses the same parameters; a
-    parameter that gets no gradient from a training step (one the forward pass never reaches) marks a model
-    whose steps may differ. Checked on a forward and backward pass of one short sequence, in eval mode (no
-    dropout: the run's random numbers stay as they were) and without touching the parameters' .grad. A model
-    of your own whose parameters are used in some steps and not in others (routing, say) needs
-    --ddp_static_graph=False, since one pass cannot see that."""
+    reductions once, from the first step, which holds only if every step uses the same parameters: one that
+    gets no gradient from a training step marks a model whose steps may differ. One pass in eval mode (no
+    dropout: the run's random numbers stay as they were) cannot see parameters used in some steps and not in
+    others (routing, say): a model of your own like that needs --ddp_static_graph=False."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     device = params[0][1].device
     idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
@@ -313,6 +303,5 @@ def checkpoint_activations(model):
     """Recompute each block's activations in the backward pass instead of keeping them: much less memory
     for about a third more compute. Done by overriding each block's forward, so parameter names and the
     FSDP units stay as they are."""
-    from torch.utils.checkpoint import checkpoint
     for block in model.transformer.h:
         block.forward = (lambda f: lambda *args: checkpoint(f, *args, use_reentrant=False))(block.forward)

@@ -1,26 +1,23 @@
 """
-User errors: a mistake a user can fix (a bad flag, a missing file) is raised as UserError and
-printed as one line, `error: ...`, with exit status 2 - no traceback. Ctrl-C (KeyboardInterrupt) is the
-line `interrupted (Ctrl-C)` and status 130. Anything else is a bug and keeps its traceback.
+User errors: a mistake a user can fix (a bad flag, a missing file) is raised as UserError and printed as one
+line, `error: ...`, with exit status 2 - no traceback. Ctrl-C (KeyboardInterrupt) is the line
+`interrupted (Ctrl-C)` and status 130. Anything else is a bug and keeps its traceback.
 
 on_failure(callback): what a script has changed and must put back if it stops on any of these, e.g.
-gpt/checkpoint/rundir.py's Claim.undo (an earlier run's files moved back when a run fails before its first step).
-The hook calls it, not atexit: atexit runs at every exit, a successful one too, and cannot tell them apart,
-while the hook runs exactly when an exception ends the script (not at sys.exit, nor when the process is
-killed: then nothing runs, and what was set aside stays aside, named by the note that moved it).
+gpt/checkpoint/rundir.py's Claim.undo. The hook calls it, not atexit: atexit runs at every exit, a successful
+one too, while the hook runs exactly when an exception ends the script (not at sys.exit, nor when the process
+is killed: then nothing runs, and what was set aside stays aside, named by the note that moved it).
 
-Under torchrun every rank usually meets the same mistake: rank 0 alone prints the line, the others exit
-with the same status quietly. Every rank also writes the line into its torchrun error file
-($TORCHELASTIC_ERROR_FILE), so torchrun's failure summary shows it instead of "To enable traceback see: ...".
-More generally, install() leaves a torchrun rank other than 0 no stdout (its prints go nowhere), so every
-message of a multi-process run comes from rank 0 once, not interleaved from every rank; its stderr stays, for
-a traceback of a bug or a line only that rank can know.
-torchrun itself still ends with its own ChildFailedError traceback and status 1, whatever its workers'
-status: that is torchrun's, and no worker can change it (docs/scaling.md).
+Under torchrun every rank usually meets the same mistake: rank 0 alone prints the line, the others exit with
+the same status quietly, and every rank writes the line into its torchrun error file ($TORCHELASTIC_ERROR_FILE)
+so that torchrun's failure summary shows it instead of "To enable traceback see: ...". A rank other than 0 has
+no stdout at all (install()), so every message of a multi-process run comes once, from rank 0; its stderr
+stays, for a traceback of a bug or a line only that rank can know. torchrun itself still ends with its own
+ChildFailedError traceback and status 1, whatever its workers' status (docs/scaling.md).
 
 When stdout is a pipe that closed early (`python sample.py | head -3`), a script stops quietly with status
-141, as a shell reports a command ended by SIGPIPE (what `cat` or `yes` give in the same place): the reader
-asked for no more, so there is nothing to report, yet `set -o pipefail` still sees that the output was cut.
+141, as a shell reports a command ended by SIGPIPE: the reader asked for no more, yet `set -o pipefail` still
+sees that the output was cut.
 """
 import json
 import os
@@ -32,8 +29,6 @@ import time
 # only the standard library's small modules here: the scripts import this module first, before torch, so
 # that Ctrl-C while torch loads is already the short line
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
-
-
 # what torchrun sets in each process it starts (gpt/runtime/distributed.py's launch checks them)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -93,9 +88,8 @@ def _torchrun_report(line):
 def _other_rank():
     """Whether this is a true torchrun rank other than 0; a half-set launch (RANK alone, RANK=x) is not, since
     then there may be no rank 0 to say anything."""
-    env = os.environ
-    torchrun = all(env.get(k) for k in TORCHRUN_VARIABLES)
-    return torchrun and env["RANK"].isdigit() and int(env["RANK"]) != 0
+    rank = os.environ.get("RANK", "")
+    return all(os.environ.get(k) for k in TORCHRUN_VARIABLES) and rank.isdigit() and int(rank) != 0
 
 
 def _excepthook(kind, value, tb):
@@ -133,8 +127,7 @@ class ExitOnCtrlC:
 
 
 def install():
-    """Entry scripts call this once so an uncaught UserError prints one line and exits with 2; under torchrun,
-    ranks other than 0 print nothing to stdout."""
+    """Entry scripts call this once, first: the hook, and no stdout on a torchrun rank other than 0."""
     sys.excepthook = _excepthook
     if _other_rank():
         sys.stdout = open(os.devnull, "w")

@@ -10,11 +10,11 @@ import torch
 
 from gpt.runtime.errors import UserError
 
-# Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
-# First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
 # train.py's init_device: where a new model's weights are drawn (gpt/training/plan.py's init_model says why)
 INIT_DEVICES = (lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for a seed) or 'device' (drawn on the "
                 "run's device: faster on a GPU, other weights for the seed)")
+# Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
+# First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
 PEAK_FLOPS = [
     ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
     ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12),
@@ -32,14 +32,10 @@ def peak_flops(device):
     return next((flops for key, flops in PEAK_FLOPS if key in name), None)
 
 
-def _mps_available():
-    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-
-
 def resolve_device(device):
     """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         print(f"device: {device} (auto)")
         return device
     kind = device.split(":")[0]
@@ -51,7 +47,7 @@ def resolve_device(device):
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
             raise UserError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) exist")
-    if kind == "mps" and not _mps_available():
+    if kind == "mps" and not torch.backends.mps.is_available():
         raise UserError("device=mps but MPS is not available here: use --device=cpu (or auto)")
     return device
 

@@ -14,11 +14,13 @@ import os
 import signal
 import stat
 import sys
+from contextlib import suppress
 
 import torch
 import torch.distributed as dist
 
 HANGUP = getattr(signal, "SIGHUP", None)  # Windows has none
+LOST = (OSError, ValueError, RuntimeError)  # a print from a signal handler that failed: see say()
 
 
 class StopRequest:
@@ -36,10 +38,8 @@ class StopRequest:
             if signum == HANGUP:
                 return  # a terminal's hangup again, not someone asking twice
             say(f"\n{name} again: exiting now, without a checkpoint", sys.__stderr__)
-            try:
+            with suppress(*LOST):
                 sys.stdout.flush()
-            except (OSError, ValueError, RuntimeError):
-                pass
             os._exit(128 + signum)
         self.signum = signum
         if signum == HANGUP:
@@ -66,26 +66,21 @@ def say(text, stream=None):
     """Print from a signal handler: it runs between any two bytecodes of the run, possibly inside another print
     (RuntimeError: a reentrant call) or with the terminal gone (OSError); the message is then lost, never the
     run."""
-    try:
+    with suppress(*LOST):
         print(text, file=stream or sys.stdout, flush=True)
-    except (OSError, ValueError, RuntimeError):
-        pass
 
 
 def mute_dead_terminal():
-    """stdout and stderr that were a terminal now hung up go to /dev/null (a live terminal stays)."""
+    """stdout and stderr that were a terminal now hung up go to /dev/null (a live terminal stays). A hung-up
+    terminal is a character device that no longer answers as a terminal (isatty fails once it is gone) and
+    is not /dev/null."""
     for fd in (1, 2):
-        if hung_up(fd):
+        try:
+            st = os.fstat(fd)
+            hung_up = stat.S_ISCHR(st.st_mode) and not os.isatty(fd) and st.st_rdev != os.stat(os.devnull).st_rdev
+        except OSError:
+            continue
+        if hung_up:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, fd)
             os.close(null)
-
-
-def hung_up(fd):
-    """Whether fd is a terminal that was hung up: a character device that no longer answers as a terminal
-    (isatty fails once the terminal is gone) and is not /dev/null."""
-    try:
-        st = os.fstat(fd)
-        return stat.S_ISCHR(st.st_mode) and not os.isatty(fd) and st.st_rdev != os.stat(os.devnull).st_rdev
-    except OSError:
-        return False
