@@ -11,8 +11,8 @@ The time-to-quality comparison (docs/speedrun.md), on one GPU machine, back to b
 3. this project's recipe (--config, config/speedrun_gcide.py) once per seed, its checkpoint at the end;
    and, with --curve, one more run of the first seed that also saves a checkpoint every --curve_tokens
    (those saves cost seconds, so its times are drawn, not reported);
-4. every saved checkpoint scored by one pass over the whole of val.bin (gpt/training/evaluation.py's
-   full_split_loss: every token once, in order); nanoGPT's last checkpoint's score is the target;
+4. every saved checkpoint scored by one pass over the whole of val.bin (full_split_loss, below: every
+   token once, in order); nanoGPT's last checkpoint's score is the target;
 5. --out/speedrun.md (card, torch, commit, seeds, time and tokens to the target) and --out/speedrun.png
    (val loss against seconds since launch, both trainers). With --nproc=N this project's runs go under
    torchrun on N GPUs, their files named -Ngpu (seed1337-2gpu/, speedrun-2gpu.md, ...) beside a one-GPU
@@ -92,6 +92,36 @@ def parse_evals(lines):
     return out
 
 
+def full_split_loss(model, path, block_size, batch_size, device, ctx, dtype="uint16"):
+    """The mean loss over a whole token file (a val.bin), every token predicted exactly once, in order: the
+    file cut into consecutive windows of block_size tokens (the last one shorter), each predicting its next
+    tokens, batch_size windows at a time. Unlike estimate_loss's random windows it has no sampling noise,
+    so two checkpoints (or two trainers) scored by it differ only by their models."""
+    import numpy as np
+    import torch
+
+    from gpt.data import open_tokens
+    tokens = open_tokens(path, dtype)
+    n = len(tokens) - 1  # positions with a next token to predict
+    starts = list(range(0, n, block_size))
+    full = [s for s in starts if s + block_size <= n]
+    batches = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
+    batches += [[s] for s in starts if s + block_size > n]  # the shorter last window, on its own
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            length = min(block_size, n - batch[0])
+            window = np.stack([tokens[s:s + length + 1] for s in batch]).astype(np.int64)
+            xy = torch.from_numpy(window).to(device)
+            with ctx:
+                _, loss = model(xy[:, :-1], xy[:, 1:])
+            total += loss.double() * xy[:, 1:].numel()
+    model.train(was_training)
+    return total.item() / n
+
+
 def score(ckpt_path, val_path, device, batch_size=16):
     """(iter_num, tokens seen, full val loss) of a checkpoint (ours or nanoGPT's)."""
     # torch, the gpt package and matplotlib are imported where used: this process must not load torch (into
@@ -100,7 +130,6 @@ def score(ckpt_path, val_path, device, batch_size=16):
 
     from gpt.checkpoint import load_checkpoint, model_from_checkpoint
     from gpt.runtime import hardware
-    from gpt.training.evaluation import full_split_loss
     ckpt = load_checkpoint(ckpt_path)
     model = model_from_checkpoint(ckpt, ckpt_path).to(device)
     cfg = ckpt.get("config", {})

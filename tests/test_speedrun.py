@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from conftest import ROOT
 from test_checkpoint import data_dir, train  # noqa: F401 (data_dir is a fixture)
 
-from gpt.training.evaluation import full_split_loss
 from model import GPT, GPTConfig
 
 sys.path.insert(0, os.path.join(ROOT, "dev"))
 import speedrun  # noqa: E402
+from speedrun import full_split_loss  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [32 * 7 + 1, 32 * 7 + 10])  # windows that fill the file exactly, or a short last one

@@ -66,10 +66,6 @@ def at_least(low, what):
     return (lambda v: v >= low, what)
 
 
-def one_of(*values, why=''):
-    return (lambda v: v in values, " or ".join(map(repr, values)) + (f" ({why})" if why else ''))
-
-
 def comments(source):
     """{name: comment} of the lines `name = value  # comment` and `name: note = value  # comment` of a source:
     a setting's documentation is the comment on its line."""

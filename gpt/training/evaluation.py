@@ -1,14 +1,11 @@
 """
 Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
-DDP ranks, and a few sampled continuations of a prompt. Afterwards (dev/speedrun.py): the loss over
-every token of a split, once each.
+DDP ranks, and a few sampled continuations of a prompt.
 """
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gpt.data import open_tokens
 from gpt.generation import until_eot
 from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
@@ -81,29 +78,3 @@ def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, dev
                              top_p=top_p if top_p is not None and top_p < 1 else None, eot=eot)
     model.train()
     return [tokenizer.decode(until_eot(row, eot, len(prompt_ids))) for row in out.tolist()]
-
-
-@torch.no_grad()
-def full_split_loss(model, path, block_size, batch_size, device, ctx, dtype="uint16"):
-    """The mean loss over a whole token file (a val.bin), every token predicted exactly once, in order: the
-    file cut into consecutive windows of block_size tokens (the last one shorter), each predicting its next
-    tokens, batch_size windows at a time. Unlike estimate_loss's random windows it has no sampling noise,
-    so two checkpoints (or two trainers) scored by it differ only by their models."""
-    tokens = open_tokens(path, dtype)
-    n = len(tokens) - 1  # positions with a next token to predict
-    starts = list(range(0, n, block_size))
-    full = [s for s in starts if s + block_size <= n]
-    batches = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
-    batches += [[s] for s in starts if s + block_size > n]  # the shorter last window, on its own
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    was_training = model.training
-    model.eval()
-    for batch in batches:
-        length = min(block_size, n - batch[0])
-        window = np.stack([tokens[s:s + length + 1] for s in batch]).astype(np.int64)
-        xy = torch.from_numpy(window).to(device)
-        with ctx:
-            _, loss = model(xy[:, :-1], xy[:, 1:])
-        total += loss.double() * xy[:, 1:].numel()
-    model.train(was_training)
-    return total.item() / n
