@@ -1,20 +1,11 @@
 """
 Export a checkpoint to a folder that transformers loads with AutoModelForCausalLM.from_pretrained(folder):
-GPT2LMHeadModel for the GPT-2 family, LlamaForCausalLM for the llama family, weights in safetensors, plus
-the tokenizer (GPT-2 BPE, the dataset's tokenizers JSON, or its characters) so that pipeline("text-generation") and
-lm-evaluation-harness work on it. Everything is built locally: no network.
+weights in safetensors plus the tokenizer, built locally (no network). What it writes, where, and how it
+is checked: docs/export.md.
 
 $ python export.py --out_dir=out                              # -> out/hf
 $ python export.py --out_dir=out --export_dir=my-model --dtype=bfloat16
 $ python export.py --out_dir=out --export_dir=my-model --force=True   # replace a folder that is not an export
-
-The folder is written beside export_dir, checked (transformers loads it, and its logits and tokens must be
-ours), and only then put in place: export_dir may be absent, empty or an earlier export (gpt/hf/exportdir.py);
-anything else is refused unless --force=True, and a failed export leaves it as it was.
-A model whose vocabulary was padded (GPT-2: 50304 for the tokenizer's 50257) keeps its padded size, so the
-weights are exactly ours; the padding ids are listed in generation_config.json's suppress_tokens, so
-transformers' generate never picks them, just as sample.py never does; its max_length is the context, where a
-call that gives no length stops.
 """
 import json
 import os

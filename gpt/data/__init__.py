@@ -1,19 +1,7 @@
 """
-The on-disk dataset format as training reads it (gpt/data/sources.py writes it, for the prepare scripts),
-and finding a dataset's folder:
-
-    data/<dataset>/train.bin, val.bin   raw token ids, nanoGPT layout (uint16 unless meta says otherwise)
-    data/<dataset>/meta.json            {"tokenizer": "gpt2" | "char" | "hf", "vocab_size": int, "dtype": "uint16",
-                                         "itos": [...] for "char": the character of each id,
-                                         "tokenizer_file": "tokenizer.json" for "hf", "eot": id or null}
-    data/<dataset>/tokenizer.json       for "hf": a Hugging Face `tokenizers` file, which read_meta puts into
-                                        the meta as "tokenizer_json" (so checkpoints carry it)
-    data/<dataset>/*_val_000000.bin,    or token shards in llm.c's format (meta.json then says "format": "shards"):
-                   *_train_000001.bin   a header of 256 little-endian int32 - magic 20240520, version (1: uint16
-                   ...                  tokens, 2: uint32), token count - then the tokens
-    data/<dataset>/*_val_000000.npy,    or build-nanogpt's shards (edufineweb_{train,val}_NNNNNN.npy): np.save of
-                   *_train_000001.npy   a 1-D uint16 array (no meta.json needed: GPT-2 BPE)
-
+The on-disk dataset format as training reads it (gpt/data/sources.py writes it, for the prepare scripts), and
+finding a dataset's folder. The format - train.bin/val.bin with meta.json (nanoGPT's layout), llm.c's .bin
+shards or build-nanogpt's .npy shards - is described in docs/data.md#dataset-folders and docs/fineweb.md#shards.
 nanoGPT's meta.pkl is still read, but only through an unpickler that accepts plain data and nothing that
 could run code.
 """

@@ -1,23 +1,13 @@
 """
-Batches for training and evaluation from a dataset's train.bin / val.bin (see gpt/data/__init__.py).
+Batches for training and evaluation from a dataset's train.bin / val.bin or token shards (gpt/data).
 
-RandomWindows is nanoGPT's sampler: each micro-batch is windows of block_size+1 tokens at random offsets.
-The offsets of optimizer step k's whole global batch (all ranks' micro-batches together) come from one random
-generator seeded with (seed, stream, 0, k); rank r's micro-step j takes its run of them, the
-(r * micro_steps + j)-th micro_batch. So a step reads the same windows however the global batch is split:
-one GPU with 2 micro-steps of 32, two GPUs with 1 of 32 each, four with 1 of 16 (gpt/training/schedule.py's
-split_batch) train on the same global batch, the same curve up to the order of the sums, not merely a
-statistically equal one. The sampler's whole state is the number of micro-batches a rank has drawn (at a
-checkpoint, a whole number of steps), with the split it counted in: a plain int in the checkpoint, and a
-resumed run draws exactly the batches an uninterrupted one would have, on any number of processes.
-
-SequentialShards is build-nanogpt's loader over token shards (data.open_shard: llm.c-style .bin shards or
-build-nanogpt's own .npy ones, found by data.list_shards in the same folder): it walks the shards in
-order, each step taking the next batch_size*block_size*world_size tokens, rank r the r-th slice of them, so
-over an epoch every token is read once by one rank. Its state is a position (shard, offset, epoch), also the
-same on every rank, with the shards' names and token counts: resumed on other files, it stops with one line.
-
-Both read the data they checked when the run started (TokenFile).
+RandomWindows is nanoGPT's sampler, random windows of block_size+1 tokens, except that the offsets of step
+k's whole global batch come from one generator seeded with (seed, stream, 0, k), rank r's micro-step j taking
+the (r * micro_steps + j)-th run of them: every split of the global batch over ranks and micro-steps trains
+on the same windows (docs/scaling.md), and its state is one count of micro-batches drawn, which resumes
+exactly on any number of processes. SequentialShards is build-nanogpt's loader: the shards in order, each
+token read once an epoch by one rank (docs/fineweb.md); its state is a position (shard, offset, epoch) with
+the shards' names and token counts, so that resuming on other files stops with one line.
 """
 import os
 import weakref
@@ -84,14 +74,11 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
 
 
 class TokenFile:
-    """A token file mapped once for the whole run (read-only), with a descriptor of the same file. A run reads
-    the data it checked when it started: a file replaced by renaming a new one over it (what prepare scripts
-    do) goes on being read from the file mapped here, and one changed in place is caught by check() - reading
-    past the end of a mapped file that was cut short would kill the process (SIGBUS), not raise.
-    nanoGPT re-created its memmap every batch because a long-lived one seemed to leak: its resident size grows
-    as windows are read. Those pages are the page cache's, though, clean copies of a read-only file that the
-    kernel shares and drops under memory pressure, not memory the process holds, so one mapping is bounded.
-    was: the file's os.stat when the run started, for a file mapped only when its turn comes (a shard)."""
+    """A token file mapped once for the whole run (read-only; why one mapping is enough where nanoGPT mapped
+    every batch: docs/data.md#checks-before-training), with a descriptor of the same file, so that one
+    changed in place is caught by check(): reading past the end of a mapped file that was cut short would
+    kill the process (SIGBUS), not raise. was: the file's os.stat when the run started, for a file mapped
+    only when its turn comes (a shard)."""
 
     def __init__(self, path, open_fn, was=None):
         self.path, self.tokens = path, open_fn(path)  # open_fn checks the file first: one line if it is bad

@@ -1,19 +1,12 @@
 """
-The bridge to Hugging Face transformers, both directions, for both families:
+The bridge to Hugging Face transformers, both directions (docs/export.md): the GPT-2 family is
+GPT2LMHeadModel (our Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM
+(ours stack by rows what Llama keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary
+embedding uses transformers' rotate_half layout, so no weight is permuted).
 
-    GPT-2 family  <->  GPT2LMHeadModel     (our Linear weights are its Conv1D weights, transposed)
-    llama family  <->  LlamaForCausalLM    (ours fuse what Llama keeps apart - attn.c_attn is [q_proj; k_proj;
-                                            v_proj], mlp.c_fc is [gate_proj; up_proj], stacked by rows - and our
-                                            rotary embedding uses transformers' rotate_half layout, so no
-                                            weight is permuted)
-
-    config, state_dict = to_hf(model)                    # export.py: AutoModelForCausalLM.from_config(config)
-    model_args, state_dict = load_pretrained(name)       # GPT.from_pretrained: GPT(GPTConfig(**model_args))
-
-Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without
-this module importing model.py back. Export also writes the tokenizer (tokenizer.py) and a model card.
-transformers is imported inside the functions that use it: it is slow to import, and checking a folder
-(check_folder) or a model's exportable fields (refused_fields) needs none of it.
+Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without this
+module importing model.py back. transformers is imported inside the functions that use it: it is slow to
+import, and check_folder and refused_fields need none of it.
 """
 import dataclasses
 import json
@@ -197,10 +190,9 @@ def to_hf(model):
 # --- import: transformers weights -> model_args and a state dict
 
 def _check_llama(c, problems):
-    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta, with
-    rope_scaling beside it), after checking what this model computes one way only: scaled variants (Llama 3.1's
-    'llama3', 'linear', 'yarn', ...), partial rotation, other head widths and biases in part are refused rather
-    than run wrongly."""
+    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta), after
+    adding to `problems` what this model does not compute: rope scaling, partial rotation, other head widths,
+    biases in part."""
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
         problems.append(("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
@@ -281,11 +273,9 @@ def llama_from_hf(hf_model, dropout=0.0):
 
 
 def check_folder(folder, field_types=None):
-    """One line for a folder given as init_from that cannot be a transformers GPT-2 or Llama model: a training
-    run's out_dir (ckpt.pt: resume it instead), no config.json, a config.json that is no JSON object, of
-    another model type, or (field_types: GPTConfig's {field: type}, from the caller, since this module never
-    imports model.py) with a field this project reads of the wrong type ("n_layer": "two"). From the file
-    alone, before transformers is imported or any weight read."""
+    """One line for a folder given as init_from that cannot be a transformers GPT-2 or Llama model, from its
+    config.json alone, before transformers is imported or any weight read. field_types: GPTConfig's
+    {field: type}, from the caller, since this module never imports model.py."""
     if any(os.path.exists(os.path.join(folder, name)) for name in ("ckpt.pt", "ckpt_dcp")):
         raise UserError(f"init_from={folder} is a training run's folder (it holds a checkpoint), not a "
                         f"transformers model: use --init_from=resume --out_dir={folder}")

@@ -1,16 +1,11 @@
 """
-The folder export.py writes: never over a user's files, never left half written.
+The folder export.py writes: never over a user's files, never left half written
+(docs/export.md#where-it-goes-never-over-your-files).
 
     check(export_dir, force, keep)        # before the checkpoint is read: one error line for any problem
     check_space(export_dir, nbytes)       # before anything is written
     with writing(export_dir) as folder:   # a new folder beside export_dir; in place only when the block succeeds
         ...
-
-export_dir may hold nothing, or an earlier export: one whose MARKER file lists every file that export wrote
-(name, size, and the sha256 of all but the largest), and nothing else. A user's own file beside it, a file of
-the export changed since, a folder without the marker (an export made before export.py wrote one included):
-refused, naming them, unless --force=True. An export is written into a new folder beside export_dir and only
-renamed into place once complete (and checked), so a failed export leaves what was there whole.
 """
 import errno
 import hashlib

@@ -44,11 +44,9 @@ EOS = "<|endoftext|>"  # the end-of-text token a character vocabulary gets, wher
 
 
 def hf_tokenizer(tokenizer, block_size, vocab_size):
-    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does, with an eos and
-    a pad token (the same one, padding on the left for batched generation). GPT-2 and tokenizers-JSON
-    vocabularies have theirs (<|endoftext|>, the documents' separator). A character vocabulary has none: it
-    gets <|endoftext|> as the next id where the model's vocabulary (vocab_size) has room for it - one
-    the model never saw, so never generates - and otherwise none (an id the model lacks would crash it)."""
+    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does, with an eos that
+    is also the pad token (docs/export.md#using-the-folder-at-once). A character vocabulary gets <|endoftext|>
+    only where the model's vocab_size has a spare id: an id the model lacks would crash it."""
     from transformers import PreTrainedTokenizerFast
     special, eos = {}, None
     if tokenizer.name == 'gpt2':
@@ -82,11 +80,9 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
 
 
 def drop_unknown_characters(itos):
-    """A normalizer that removes every character outside the vocabulary, so that text holding one (an accent,
-    a curly quote, an emoji) still encodes, as the text without it, instead of failing ("Missing [UNK] token").
-    Dropping is the one fallback that adds nothing the model never saw: an <unk> id would be a row it lacks (and
-    a new row changes every likelihood), its spare id is the end of a document, and a known character in its
-    place would be text that was not there. Special tokens (<|endoftext|>) are matched before normalizing."""
+    """A normalizer that removes every character outside the vocabulary, so that text holding one still
+    encodes, as the text without it (why dropping: docs/export.md#using-the-folder-at-once). Special tokens
+    (<|endoftext|>) are matched before normalizing."""
     known = "".join(f"\\x{{{ord(ch):x}}}" for ch in itos)  # code points: no character is special in the class
     return normalizers.Replace(Regex(f"[^{known}]"), "")
 

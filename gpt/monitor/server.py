@@ -1,20 +1,8 @@
 """
 The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with
-dashboard=True, for its own): the page in dashboard_static/ beside it (uPlot, no network needed), and /log?offset=N,
-which answers the log's complete rows from byte N on and the offset to ask from next time. Only 127.0.0.1 by
-default. Served by the run itself the page says "live" until the log's "end" row; served by dashboard.py,
-also "quiet" once the log has had no rows for minutes (a crashed or killed run).
-
-Only requests addressed to this machine by a name it was served under are answered (Host: localhost,
-127.0.0.1, [::1], the --host it was bound to, any IP address; and this machine's name when bound to all
-of them); others get 403. A web page elsewhere could otherwise read the log through DNS rebinding: its own
-name, pointed at 127.0.0.1 after the page has loaded, makes the browser send this server its requests, but
-still under that name. The port is not checked, so an ssh tunnel to another local port works.
-
-train.py binds the port before anything else happens (make_server: a port in use is one line before out_dir
-is touched), serves once the run starts (start), and at its end gives a page that is open the moment to read
-the log's last rows - the final evaluation, samples, "finished" - before the process and its server go
-(Server.finish: a few seconds at most, and only while a page is polling).
+dashboard=True, for its own): the page in dashboard_static/ and /log?offset=N, the log's complete rows from
+byte N on. What it shows, and why it answers only to the names it is served under (DNS rebinding):
+docs/monitoring.md#live-dashboard.
 """
 import http.server
 import ipaddress

@@ -1,26 +1,10 @@
 """
-The run's machine-readable log: out_dir/log.jsonl, one JSON object per line, appended across resumes. A new
-run never appends to an earlier run's log: gpt/checkpoint/rundir.py moves that one aside before the run starts.
+The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its
+rows and how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also
+goes to Weights & Biases (docs/monitoring.md).
 
-Rows of kind "train" (every log_interval steps) and "eval" (every eval_interval steps), with stable keys:
-    step, tokens, time (seconds since the run's first launch), kind,
-    train:  loss, lr, grad_norm, ms_per_step, tokens_per_s, mfu, skipped_steps
-    eval:   train_loss, val_loss, perplexity (of val), and more as other evaluations add them
-and at the end one row of kind "end" (stopped: whether a signal stopped it; not sent to wandb). Each launch
-first writes a row of kind "plan": the run plan (gpt/training/plan.py's RunPlan.record()), as its checkpoints record it,
-and, as its first step starts, one of kind "startup": where the time from launch went (seconds per part).
-Values that do not apply are null. The "end" row also has best_val_loss, checkpoint (its path) and
-next_command (what to type next), null where the run has none. The checkpoint records the log's length in
-bytes, so a resumed run first drops the rows written after that checkpoint: after a clean stop that is only
-the "end" row, dropped quietly; training steps logged after the checkpoint (a crash, a kill -9) run again,
-and the run says which.
-
-The log is never written through a link: opened with O_NOFOLLOW (gpt/checkpoint/rundir.py refuses a link there before
-the run starts; this holds for one made since), and a log that is one of several names of a file (a hard
-link, from `cp -al` of a run folder) is first copied to a file of this run's own, so the other name keeps
-what it had rather than being cut back or appended to.
-
-With wandb_log=True every row also goes to Weights & Biases (start_wandb), under the names of wandb_metrics.
+The log is never written through a link (docs/checkpoints.md#links): gpt/checkpoint/rundir.py refuses one
+before the run starts, and O_NOFOLLOW here also catches one made since.
 """
 import json
 import math
@@ -113,11 +97,9 @@ class TrainLog:
 
     def end(self, step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped=False,
             best_val_loss=None, checkpoint=None, next_command=None):
-        """The run is over (done, or stopped to be resumed): print what it did in all (steps, tokens, training
-        time; this launch's part when it resumed an earlier one), its best val loss, its checkpoint and the
-        command to type next, where given, and write them in an "end" row, the dashboard's sign that the run
-        is no longer live (a resumed run drops it again, as it comes after the last checkpoint).
-        tokens: the run's total, every launch's included; start_tokens: the total when this launch started."""
+        """The run is over (done, or stopped to be resumed): print its totals and what to do next, and write
+        them in an "end" row, the dashboard's sign that the run is no longer live. tokens: the run's total,
+        every launch's included; start_tokens: the total when this launch started."""
         if not self.enabled:
             return
         launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
@@ -166,11 +148,9 @@ def wandb_metrics(row):
 
 
 def check_wandb():
-    """Before a wandb_log run touches anything, reading what wandb.init would (no network, nothing written):
-    wandb is installed, and it logs offline (WANDB_MODE offline or disabled, from the environment or `wandb
-    offline`'s settings file) or has credentials (WANDB_API_KEY, an identity token file, its settings' API key,
-    or the .netrc entry `wandb login` writes for its server: $NETRC, else ~/.netrc or ~/_netrc). Else one
-    UserError naming the fix, not a traceback or a prompt after the model is built."""
+    """Before a wandb_log run touches anything, from what wandb.init would read (no network, nothing written):
+    wandb is installed, and logs offline or has credentials. Else one UserError naming the fix, not a traceback
+    or a prompt after the model is built."""
     try:
         import wandb  # noqa: F401 (only whether it is installed: its settings come from wandb.sdk)
     except ImportError:

@@ -1,34 +1,13 @@
 """
 Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
-biases), as one torch optimizer: train.py sets its learning rate, clips, steps, saves and resumes it as it
-does AdamW, and the CUDA graph of gpt/training/stepgraph.py captures it.
+biases), as one torch optimizer: train.py schedules, clips, steps, saves and resumes it as it does AdamW, and
+the CUDA graph of gpt/training/stepgraph.py captures it.
 
-Muon (MomentUm Orthogonalized by Newton-Schulz; K. Jordan et al. 2024, kellerjordan.github.io/posts/muon,
-the optimizer of the modded-nanogpt speedrun): keep a momentum of each matrix's gradient, replace it by the
-nearest semi-orthogonal matrix (all singular values ~1, its "zeroth power" U V^T) and step along that. The
-orthogonalization is five steps of a quintic Newton-Schulz iteration in bfloat16, whose coefficients push
-the singular values into about [0.7, 1.2] fast rather than to exactly 1. The update is scaled by
-sqrt(max(1, rows / cols)) so that tall matrices take steps of the same per-entry size.
-
-Cost: the iteration is matmuls on (m x n) matrices, about (4 m^2 n + 2 m^3) x 5 FLOPs each (m <= n): for
-GPT-2 124M 1.6 TFLOP a step, cheap on a GPU provided it runs as a few big matmuls, not hundreds of small
-launches: matrices of one shape (all the blocks' q, k, v and attention projections; the MLP's both
-matrices, the tall one transposed) are stacked and iterated as one batch. The
-work around it is batched too: the momentum of every matrix in multi-tensor (torch._foreach_) ops, each
-shape's updates scaled as one stack and subtracted from the weights by one multi-tensor op.
-
-Under DDP the orthogonalization is shared (muon_shard=True, the default): the gradients are the
-same on every rank after DDP's all-reduce, and so is the momentum, so every rank could compute every update
-itself; instead the matrices of each shape are cut into world_size equal runs (the same shape, so the same
-FLOPs: a balanced split of every bucket, not whole buckets per rank, which for GPT-2's two shapes would give
-one rank 60% of the work), each rank iterates its own run, and all_gather_into_tensor (bf16, one per shape,
-all launched before any is waited for) hands every rank the whole stack. Each rank then applies every
-update, so the weights stay the same everywhere. It saves (world_size - 1) / world_size of the iteration
-for one all-gather of the updates (bf16: half the bytes of the gradients' all-reduce). Its results equal
-the unshared iteration's up to the batched matmul's rounding (tests/test_muon.py, two gloo ranks). One
-process (and muon_shard=False) keeps the unshared path. The CUDA graph (gpt/training/stepgraph.py) is one GPU
-only, so a captured step never meets the collective.
-FSDP shards the matrices themselves, so that Muon would need to gather them: refused (see configure()).
+Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the nearest semi-orthogonal
+matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16. Matrices of
+one shape are iterated as one batch, and under DDP each rank iterates an equal share of every shape and
+all-gathers the rest (muon_shard). Why it is batched and shared so: docs/speedrun.md#muon. FSDP, which
+shards the matrices themselves, is refused (gpt/optim/__init__.py).
 """
 import math
 
@@ -135,13 +114,11 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         self._muon_step(found_inf)
 
     def _muon_step(self, found_inf):
-        # Few, large kernels: each op below runs once for a whole group (a multi-tensor _foreach_ op) or for
-        # a whole stack of pieces, not once per matrix. found_inf (the CUDA graph's flag, 1 on a skipped
-        # step) enters as a rate of zero and a momentum left as it is, never as a branch on the CPU.
+        # Few, large kernels: each op runs once for a whole group or stack, not once per matrix. found_inf
+        # (the CUDA graph's flag) enters as a rate of zero and a momentum left as it is, never as a CPU branch.
         buckets, rates = self._pieces(found_inf)
-        # one batched iteration per shape; tall pieces transposed to the wide orientation to join it. Under
-        # DDP each rank iterates its share of every shape and all-gathers the rest (launched for every
-        # shape before any is waited for)
+        # one batched iteration per shape (tall pieces transposed to join it); every shape's all-gather is
+        # launched before any is waited for
         steps = []
         for ns_steps, runs in buckets.values():
             pieces = [piece.mT if tall else piece for (_, tall, _), items in runs.items() for _, piece in items]

@@ -1,23 +1,14 @@
 """
-User errors: a mistake a user can fix (a bad flag, a missing file) is raised as UserError and printed as one
-line, `error: ...`, with exit status 2 - no traceback. Ctrl-C (KeyboardInterrupt) is the line
-`interrupted (Ctrl-C)` and status 130. Anything else is a bug and keeps its traceback.
+User errors: a mistake a user can fix is raised as UserError and printed as one line, `error: ...`, with exit
+status 2 - no traceback; Ctrl-C is `interrupted (Ctrl-C)` and status 130; a closed stdout pipe (`... | head`)
+ends quietly with 141, as SIGPIPE would (`set -o pipefail` still sees the output was cut); anything else is a
+bug and keeps its traceback. Under torchrun rank 0 alone prints, and every rank writes the line into its
+torchrun error file. What users see: docs/configuration.md, docs/scaling.md.
 
-on_failure(callback): what a script has changed and must put back if it stops on any of these, e.g.
-gpt/checkpoint/rundir.py's Claim.undo. The hook calls it, not atexit: atexit runs at every exit, a successful
-one too, while the hook runs exactly when an exception ends the script (not at sys.exit, nor when the process
-is killed: then nothing runs, and what was set aside stays aside, named by the note that moved it).
-
-Under torchrun every rank usually meets the same mistake: rank 0 alone prints the line, the others exit with
-the same status quietly, and every rank writes the line into its torchrun error file ($TORCHELASTIC_ERROR_FILE)
-so that torchrun's failure summary shows it instead of "To enable traceback see: ...". A rank other than 0 has
-no stdout at all (install()), so every message of a multi-process run comes once, from rank 0; its stderr
-stays, for a traceback of a bug or a line only that rank can know. torchrun itself still ends with its own
-ChildFailedError traceback and status 1, whatever its workers' status (docs/scaling.md).
-
-When stdout is a pipe that closed early (`python sample.py | head -3`), a script stops quietly with status
-141, as a shell reports a command ended by SIGPIPE: the reader asked for no more, yet `set -o pipefail` still
-sees that the output was cut.
+on_failure(callback) registers what a script must put back if it stops on any of these (rundir.py's
+Claim.undo). The hook calls it, not atexit: atexit runs at every exit, a successful one too, while the hook
+runs exactly when an exception ends the script (not at sys.exit, nor when the process is killed: then what
+was set aside stays aside, named by the note that moved it).
 """
 import json
 import os

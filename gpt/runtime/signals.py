@@ -1,14 +1,8 @@
 """
-Stopping a run cleanly when the machine is taken away. SIGTERM (what schedulers and torchrun send), SIGINT
-(Ctrl-C) or SIGHUP (the terminal was closed) asks the training loop to finish its current step, write a
-checkpoint and exit with a message saying how to resume. A second SIGTERM or SIGINT exits at once, without a
-checkpoint; a second SIGHUP does not, since one closed terminal can send it twice (the shell passes its own
-on, and the kernel signals the terminal's processes when the shell exits).
-
-After a hangup the terminal is gone and every write to it fails (EIO): stdout and stderr, where they were
-that terminal, are pointed at /dev/null, so the prints on the way to the checkpoint and after it cannot stop
-the run short of its checkpoint. Output redirected to a file or a pipe keeps going there. A run started
-under nohup (SIGHUP ignored) keeps ignoring it.
+Stopping a run cleanly when the machine is taken away (docs/checkpoints.md#preemption): SIGTERM, SIGINT or
+SIGHUP asks the training loop to finish its step, write a checkpoint and exit; a second SIGTERM or SIGINT
+exits at once. A hangup also points stdout and stderr that were the lost terminal at /dev/null, so that a
+print on the way cannot stop the run short of its checkpoint.
 """
 import os
 import signal
