@@ -1,24 +1,8 @@
 """
-Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style.
-
-An entry script defines its configuration as plain module-level globals, then calls
-
-    config = configurator.apply(globals(), sys.argv[1:])
-
-A script may pass more settings defined beside the code that uses them, as dicts of name -> default
-(train.py: GPTConfig's fields, Muon's and DDP's options): they are set the same way, in those dicts.
-
-Each argument is either a config file (a Python file, run with the current values in scope, whose
-assignments become overrides) or a `--key=value` flag (value parsed as a Python literal, else taken as a
-string). Later arguments win. A config file sees its own path as __file__; an exception it raises,
-SystemExit included (a file cannot end the run unseen), is one line naming the file and line. Unknown keys
-(with the setting a typo most likely meant) and values of the wrong type stop the script with one line naming
-the key, the expected type and the given value; an int is accepted for a float. A folder or file setting
-that starts with ~ is under the user's home.
-
-The returned config also records which keys the user gave (config.given): every key a config file assigns
-or a flag sets, whatever its value. A value equal to the script's default still counts as given: resuming a
-2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers, not silence.
+Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style: a script calls
+`config = configurator.apply(globals(), sys.argv[1:])`, and config files and --key=value flags override its
+settings in order (docs/configuration.md). config.given records every key a file or flag set, whatever its
+value: resuming a 2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers.
 """
 import ast
 import difflib
@@ -66,10 +50,8 @@ def _parse_value(raw, current):
 
 
 def _expand_home(key, value):
-    """A folder or file setting (out_dir, data_dir, export_dir, init_from, hellaswag.py's path, plot.py's
-    output) that starts with ~: the user's home, as the shell would have made it had the ~ not come after
-    `--key=` (where no shell expands it); else the run would write into a folder named '~' under the working
-    directory."""
+    """A folder or file setting that starts with ~: the user's home, which no shell expands after `--key=`
+    (else the run would write into a folder named '~')."""
     if (key.endswith(("_dir", "_path", "_file")) or key in ("init_from", "output", "path")) and isinstance(value, str) \
             and (value == "~" or value.startswith("~/")):
         return os.path.expanduser(value)

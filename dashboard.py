@@ -1,13 +1,9 @@
 """
-A live web page over a run's log (out_dir/log.jsonl): train and val loss against steps and tokens, the
-learning rate, the gradient norm, tokens/s and MFU, HellaSwag when the run has it, and the latest samples.
-It updates itself while the run goes on, without reloading.
+A live web page over a run's log (out_dir/log.jsonl), for a running or finished run (docs/monitoring.md).
 
-$ python dashboard.py --out_dir=out                   # a running or finished run: http://127.0.0.1:8000/
-$ python train.py ... --dashboard=True                # the same page, served by the training process
+$ python dashboard.py --out_dir=out                   # http://127.0.0.1:8000/
 
-The page is served from 127.0.0.1 only (on a remote machine: ssh -L 8000:127.0.0.1:8000 host) and needs no
-network; gpt/monitor/server.py says what it answers, and to whom.
+Served from 127.0.0.1 only; gpt/monitor/server.py says what it answers, and to whom.
 """
 import os
 import sys

@@ -1,17 +1,9 @@
 """
-HellaSwag (https://rowanzellers.com/hellaswag/): pick the right one of four endings for a context, scored
-"completion style" as in build-nanogpt: each ending is appended to the context and the model's loss over
-the ending's tokens decides. acc takes the ending of lowest total loss, acc_norm the lowest loss per token.
+HellaSwag accuracy of a checkpoint or a pretrained model, scored as in build-nanogpt (docs/fineweb.md#hellaswag).
+The scoring is gpt/training/hellaswag_eval.py's, which train.py also uses during training.
 
 $ python hellaswag.py --init_from=gpt2
-$ python hellaswag.py --init_from=resume --out_dir=out --limit=500
 $ torchrun --standalone --nproc_per_node=8 hellaswag.py --init_from=gpt2-xl
-
-Reference numbers on the 10,042 validation examples (build-nanogpt's hellaswag.py, this scoring):
-    OpenAI GPT-2 124M   acc 0.2859  acc_norm 0.2955
-    OpenAI GPT-2 XL     acc 0.3842  acc_norm 0.4893
-    GPT-3 Small (124M), in the GPT-3 paper: 0.337 (its own evaluation)
-The scoring lives in gpt/training/hellaswag_eval.py, which train.py also uses during training.
 """
 import sys
 

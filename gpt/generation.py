@@ -1,17 +1,9 @@
 """
-Fast generation: a key/value cache of fixed shape, and the one-token decode step that runs on it, which
-on CUDA is captured once as a CUDA graph and replayed for every token; and generate(), the decoding loop with
-its sampling, which GPT.generate (nanoGPT's method) calls.
-
-Why a graph: a GPT-2 124M step is ~200 small kernels. At batch 1 the GPU runs each faster than Python
-and PyTorch can launch the next, so eager decoding is bound by the CPU, whatever the GPU
-(docs/benchmarks.md). A graph launches the whole step at once. Capturing one needs fixed shapes and addresses and no
-value read back on the CPU: hence the preallocated cache, the position as a tensor on the device, and
-attention over the cache's whole capacity with a mask, instead of keys that grow by one every token.
-
-How the step runs is the caller's choice, passed down from generate() to decoder(): cuda_graphs=False runs
-it eagerly on CUDA too (to compare, or to debug), compile_step=True compiles it first (sample.py's compile).
-The only state kept between calls is a cache: the graphed Decoder on the model, keyed by all it captured.
+Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it,
+captured on CUDA once as a CUDA graph and replayed for every token; and generate(), the decoding loop that
+GPT.generate (nanoGPT's method) calls. A graph needs fixed shapes and addresses and no value read back on the
+CPU: hence the preallocated cache, the position as a tensor on the device, and attention over the cache's
+whole capacity with a mask. The only state kept between calls is the graphed Decoder on the model.
 """
 import torch
 from torch.nn import functional as F
@@ -122,11 +114,9 @@ class Decoder:
 
 
 def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=False):
-    """A Decoder for this shape, its step graphed (where uses_graphs says) and compiled (compile_step) or
-    not. A graphed one is kept on the model, a cache only: reused while nothing it captured changes
-    (shape, compile_step, weights' addresses and dtypes, autocast), for a capture costs a few steps' time
-    and sample.py asks for the same shape num_samples times (`del model._decoder` frees it). Eager ones
-    are made afresh, holding no memory once generate() returns."""
+    """A Decoder for this shape, graphed where uses_graphs says. A graphed one is kept on the model and reused
+    while nothing it captured changes (a capture costs a few steps, and sample.py asks for the same shape
+    num_samples times; `del model._decoder` frees it); eager ones hold no memory once generate() returns."""
     if not uses_graphs(model, device, cuda_graphs):
         return Decoder(model.config.n_layer, batch_size, capacity, device, graphed=False, compiled=compile_step)
     key = (batch_size, capacity, str(device), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
@@ -142,17 +132,11 @@ def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
              vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
-    """Continue the sequences idx (B, T) by max_new_tokens tokens. temperature 0 is greedy decoding;
-    top_p < 1 samples from the smallest set of likeliest tokens whose probabilities reach top_p (nucleus
-    sampling, after top_k); vocab_limit keeps ids below the tokenizer's size when the model's vocabulary
-    is padded; progress (if given) is called after each new token. With eot (an end-of-text id) each
-    sequence stops at its first new eot: its later positions hold eot, and generation ends early once
-    every sequence has stopped (checked every 8 tokens, a wait for the GPU each time). With the KV cache
-    the prompt runs once and each new token costs one position, a CUDA graph replay on CUDA
-    (cuda_graphs=False: run the step eagerly there too; compile_step=True: torch.compile it first, faster
-    a token after a compile at the first); use_cache=False recomputes the whole sequence for every token,
-    the reference the cache must match. Once a sequence outgrows block_size it is cropped to the last
-    block_size tokens and recomputed, with or without the cache."""
+    """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy; top_p: nucleus
+    sampling after top_k). vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is
+    padded; progress() is called after each new token. With eot each sequence stops at its first new eot (its
+    later positions hold eot), and generation ends once all have (checked every 8 tokens: a wait for the GPU).
+    use_cache=False recomputes the whole sequence every token: the reference the cache must match."""
     block_size, steps = model.config.block_size, None
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")

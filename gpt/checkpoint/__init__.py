@@ -1,9 +1,8 @@
 """
-Checkpoints: nanoGPT's ckpt.pt layout (model, optimizer, model_args, iter_num, best_val_loss, config, plus our
-additions), only tensors and plain types, written atomically, checksummed (the zip entries' CRC-32s, checked
-on load) and read with torch.load(weights_only=True), so a checkpoint can never run code. What a run saves
-and when (Saver), resuming, and models built from checkpoints. Sharded (fsdp) checkpoints: sharded.py; the
-run's folder and its lock: rundir.py. docs/checkpoints.md.
+Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus our additions, only tensors and plain types,
+written atomically, checked against their CRC-32s on load and read with weights_only=True, so a checkpoint can
+never run code. What a run saves and when (Saver), resuming, and models built from checkpoints. Sharded (fsdp)
+checkpoints: sharded.py; the run's folder and its lock: rundir.py.
 """
 import math
 import os
@@ -211,12 +210,10 @@ class Saver:
         return due(iter_num, due_now, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval)
 
     def save(self, model, optimizer, sharded=False, name=None, keep=0, **state):
-        """Every rank calls this: the model, optimizer, `state` (iter_num, config, ...), every rank's random state
-        and the untrained model's val loss, on disk before anyone moves on; nothing while the weights are judged
-        broken or hold a NaN or inf. A run whose out_dir another run has claimed stops here (UserError).
-        sharded: every rank writes its part into out_dir/ckpt_dcp/. Else rank 0 writes ckpt.pt, keeping the last
-        `keep` as numbered copies, or (name) out_dir/<name>, keeping the last `keep` of its kind (0: all).
-        Returns whether it was written (False on ranks > 0 of an unsharded save)."""
+        """Every rank calls this: the model, optimizer, `state` (iter_num, config, ...) and every rank's random
+        state, on disk before anyone moves on; nothing while the weights are judged broken. Sharded: every rank
+        writes its part into out_dir/ckpt_dcp/; else rank 0 writes ckpt.pt (or out_dir/<name>), keeping the
+        last `keep`. Returns whether it was written (False on ranks > 0 of an unsharded save)."""
         self.check_owner()
         if self.diverged:
             if is_master():

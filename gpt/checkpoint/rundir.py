@@ -1,11 +1,7 @@
 """
-The run's folder, out_dir: writable, held by one run at a time, and never shared by two runs' files
-(docs/checkpoints.md#one-run-per-out_dir). check() says what can go wrong, touching nothing; claim() makes
-out_dir, locks it and (a new run) moves an earlier run's files into out_dir/earlier-<date>-<time>/. The Claim
-it returns tells before every save whether the folder is still this run's, and undoes itself when the run
-fails before its first step. Two flock(2) locks, which the kernel drops when the process dies: one on
-out_dir/run.lock, which names the holder, and one on the folder itself, which removing run.lock by hand
-cannot remove (on NFS only run.lock's may be had). The run's own files are never written through a link.
+The run's folder, out_dir: writable, held by one run at a time, never shared by two runs' files, and never
+written through a link (docs/checkpoints.md#one-run-per-out_dir). check() says what can go wrong, touching
+nothing; claim() makes, locks and (a new run) clears out_dir, and returns the Claim that guards every save.
 """
 import atexit
 import datetime

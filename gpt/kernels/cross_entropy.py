@@ -1,11 +1,8 @@
 """The cross-entropy's loss and its gradient from a chunk of logits, in one Triton kernel: the fused loss
-(fused_loss=True, gpt/kernels/loss.py's LinearCrossEntropy) runs it on a CUDA GPU, uncompiled.
-
-Why: uncompiled, the loss over bf16 logits is a log-softmax written in float32, a float32 zero tensor for the
-gradient, the log-softmax's backward and a cast back to bf16: each reads or writes the whole (positions x
-vocabulary) array, a large part of a GPT-2 training step (docs/speedrun.md measures it). Here each row is read
-twice (its log-sum-exp, then its gradient) and its gradient written once, over the logits themselves, which
-nothing needs after the loss.
+(fused_loss=True, gpt/kernels/loss.py's LinearCrossEntropy) runs it on a CUDA GPU, uncompiled. Each row is
+read twice (its log-sum-exp, then its gradient) and its gradient written once over the logits, which nothing
+needs after the loss, where the plain path makes several float32 passes over the whole array
+(docs/records/2026-11-27-speedrun.md#flash-attention-and-the-loss-kernel).
 
 The math is F.cross_entropy's, in float32: lse = log(sum(exp(z))), loss = lse - z[target], and
 d loss / d z = softmax(z) - one_hot(target); rows whose target is -1 are ignored (loss 0, gradient 0). With

@@ -1,11 +1,7 @@
 """The RMSNorm of each head's queries and keys (qk_norm) and their rotary embedding, in one Triton kernel
-each way (forward, backward): model.py's attention uses it where fused_qk is on, on a CUDA GPU, uncompiled.
-
-Why: uncompiled, model.py's plain path is a chain of elementwise kernels, in float32 (autocast runs rms_norm in
-float32, and the rotation's cos and sin are float32), each reading and writing all of q and k; their backward
-as many again: a large part of a GPT-2 training step (docs/speedrun.md measures it). Here each row (one head
-of one token) is read once, normalised and rotated in float32 registers, and written once in its dtype.
-torch.compile fuses the plain path by itself, so a compiled model does not need this.
+each way: model.py's attention uses it where fused_qk is on, on a CUDA GPU, uncompiled (compile fuses the
+plain path itself). Each row (one head of one token) is read once, normalised and rotated in float32 registers
+and written once, where the plain path is a chain of float32 elementwise kernels (docs/speedrun.md, fused_qk).
 
 The math is model.py's: n = x * rsqrt(mean(x^2) + eps) (F.rms_norm without a gain), then each (first half,
 second half) pair rotated by its position's angle as transformers' rotate_half does:

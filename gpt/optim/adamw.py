@@ -1,15 +1,7 @@
 """
-torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py); configure() makes
-nanoGPT's AdamW of a model, its parameters in decay and no-decay groups.
-
-torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
-torch._disable_dynamo, and each optimizer's step in a wrapper that calls torch._dynamo.graph_break(); both
-import torch._dynamo at their first call. That import takes longer than the rest of a run's start-up together
-(seconds on a fresh GPU machine, docs/speedrun.md's start-up table), and what it buys matters only while
-torch.compile traces the optimizer itself, which this trainer never does (it compiles the model). WithoutDynamo
-calls the very functions those wrappers wrap (inspect.unwrap), with the step under torch.no_grad() as torch's
-wrapper runs it: the same arithmetic, the same state_dict, the same hooks (the step's profiling and hook
-wrapper, which Optimizer.__init__ adds, is kept). A run that compiles imports torch._dynamo anyway.
+torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py): torch.optim's
+wrappers import it at their first call, a large share of start-up that only a traced optimizer needs
+(docs/speedrun.md#start-up). configure() makes nanoGPT's AdamW of a model, in decay and no-decay groups.
 """
 import inspect
 

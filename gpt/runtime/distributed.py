@@ -1,11 +1,6 @@
 """
-How the model is spread over the processes torchrun starts: joining the process group, DDP or FSDP2.
-
-- 'ddp': every GPU holds the whole model; gradients are all-reduced, overlapped with the backward pass
-  (DistributedDataParallel), and only on the last micro-step of gradient accumulation.
-- 'fsdp': FSDP2 (torch.distributed.fsdp.fully_shard) shards parameters, gradients and optimizer state over
-  the GPUs, each transformer block gathered only while it computes; for models whose weights, gradients
-  and AdamW state do not fit one GPU. Its sharded checkpoints are gpt/checkpoint/__init__.py's.
+How the model is spread over the processes torchrun starts: joining the process group, then DDP (a whole copy
+per GPU) or FSDP2 (parameters, gradients and optimizer state sharded). docs/scaling.md.
 """
 import gc
 import os
@@ -147,13 +142,7 @@ def init_process(device, backend, timeout_minutes):
 def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=100.0,
          bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model"):
     """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded. The
-    options are SETTINGS' (wrap_args names them). reduce_dtype='bfloat16' is a DDP communication hook like
-    torch's bf16_compress_hook, or FSDP2's reduce_dtype. DDP's buckets of bucket_mb also overlap a compiled
-    model's reductions with its backward pass: torch.compile's DDPOptimizer splits the graph at their
-    boundaries; bucket_view spares a copy of the gradients into and out of them. FSDP2's
-    reshard_after_forward=False keeps each block's gathered weights through the step's micro-steps (one
-    all-gather a step instead of two per block and micro-step): for models whose bf16 weights fit a GPU whole,
-    as GPT-2 124M's do."""
+    options are SETTINGS' (wrap_args names them); what each does: docs/scaling.md."""
     several = dist.is_available() and dist.is_initialized()
     check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb),
           compile, several)  # the plan has checked them: callers of their own
@@ -199,11 +188,9 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
 
 
 def static_graph_problem(model):
-    """Why DDP's static_graph would be wrong for this model, or None. static_graph lets DDP plan its gradient
-    reductions once, from the first step, which holds only if every step uses the same parameters: one that
-    gets no gradient from a training step marks a model whose steps may differ. One pass in eval mode (no
-    dropout: the run's random numbers stay as they were) cannot see parameters used in some steps and not in
-    others (routing, say): a model of your own like that needs --ddp_static_graph=False."""
+    """Why DDP's static_graph would be wrong for this model, or None: it plans the reductions from the first
+    step, so every step must use the same parameters; one that gets no gradient from a pass (in eval mode,
+    drawing no random numbers) marks a model whose steps may differ (docs/scaling.md, ddp_static_graph)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     device = params[0][1].device
     idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
@@ -228,10 +215,9 @@ def broadcast_weights(model):
 
 
 def compile_blocks(model):
-    """Regional compilation: each block compiled in place (Module.compile, so parameter names and the
-    state dict stay as they are). The blocks are one class with one forward, and dynamo's guards do not
-    tie the code to one block's weights (torch inlines nn.Modules, their parameters are inputs), so the
-    first block's trace and inductor's kernels serve every block."""
+    """Regional compilation: each block compiled in place (Module.compile: parameter names and the state dict
+    stay). Dynamo's guards do not tie the code to one block's weights (parameters are inputs of inlined
+    nn.Modules), so the first block's trace and kernels serve every block."""
     for block in model.transformer.h:
         block.compile()
 

@@ -75,10 +75,8 @@ def autocast(device_type, dtype):
 
 
 def for_generation(model, device_type, dtype):
-    """Put the model's weights in the generation dtype on a GPU, and return the context to generate in.
-    Generation reads every weight once per token: float32 weights under autocast would be cast to bf16
-    again for every token (all 124M of GPT-2's, in as many kernels as there are matrices). On the CPU and
-    MPS, and in float32, the weights stay as they are, under autocast as in training."""
+    """The context to generate in. On a GPU the weights are cast to the dtype once: under autocast, float32
+    weights would be cast again for every token (docs/generation.md). Elsewhere they stay, as in training."""
     if device_type == "cuda" and dtype != "float32":
         model.to(getattr(torch, dtype))
         return nullcontext()
@@ -86,10 +84,9 @@ def for_generation(model, device_type, dtype):
 
 
 def attention_kernels(cudnn):
-    """Whether torch's attention (F.scaled_dot_product_attention) may pick cuDNN's kernel: with False it takes
-    flash attention on a GPU, the same math. cuDNN's is a little faster a step, but it builds its kernels at a
-    process's first calls, which a cold launch pays (docs/records/2026-11-27-speedrun.md): a run of a few
-    hundred steps ends sooner without it."""
+    """Whether F.scaled_dot_product_attention may pick cuDNN's kernel (False: flash attention, the same math).
+    cuDNN's builds its kernels at a process's first calls, which a short run's cold launch pays for
+    (docs/records/2026-11-27-speedrun.md)."""
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 

@@ -1,18 +1,7 @@
 """
-The run plan: what a training run is, decided once, before anything is touched.
-
-make() takes what the user gave (the configurator's Config: the settings, their declarations, and which of
-them config files and flags set), reads where the weights come from (source(): a checkpoint, a pretrained
-model, or nothing), the dataset's metadata and the machine, runs every check that can fail, and computes every
-derived value once: the model's config, the batch split, the iteration counts, what happens to out_dir. The
-plan is frozen; train.py reads the run from it, and checkpoints and log.jsonl record it (record()).
-
-Which GPTConfig fields are architecture, initialisation or runtime is said on the fields (model.py):
-    architecture    the checkpoint's or the pretrained model's; a given value that differs is refused (a
-                    pretrained model's block_size may be smaller: the model is cropped, as nanoGPT does)
-    initialisation  the settings' for a new model; with weights to start from, a given value that differs
-                    from what made them is refused: it would do nothing
-    runtime         the settings', always (dropout, the loss's chunking)
+The run plan: what a training run is, decided once, before anything is touched (docs/configuration.md#the-run-plan).
+make() reads the settings, the weights' source, the dataset and the machine, runs every check that can fail and
+returns a frozen RunPlan that train.py reads the run from; record() is what checkpoints and log.jsonl keep.
 """
 import os
 from contextlib import nullcontext
@@ -186,10 +175,8 @@ class RunPlan:
 
 
 def make(config):
-    """The frozen plan of a run and where its weights come from (source()'s answer, which holds a checkpoint's
-    tensors for build_model and checkpoint.restore), decided from config (the configurator's Config:
-    settings, with .given), the machine torchrun or this process has, the dataset and the weights. Every
-    check that can fail runs here; nothing is written, joined or downloaded."""
+    """(plan, source()'s answer, whose checkpoint tensors build_model and checkpoint.restore use) from the
+    configurator's Config. Every check that can fail runs here; nothing is written, joined or downloaded."""
     check_settings(config)
     if config['wandb_log']:
         check_wandb()  # installed, and a key or offline mode
@@ -401,10 +388,9 @@ def refuse_ignored_initialisation(config, given, src):
 
 
 def build_model(plan, src, seed):
-    """The plan's model: new (the same initial weights on every rank: FSDP has no broadcast), the checkpoint's
-    weights (a sharded checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained
-    ones, downloaded here for a GPT-2 name and cropped to the plan's block_size. Built on the CPU, or with
-    init_device='device' on the plan's device (init_model)."""
+    """The plan's model: new (the same initial weights on every rank), the checkpoint's weights (a sharded
+    checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained ones, downloaded
+    here for a GPT-2 name and cropped to the plan's block_size."""
     device = plan.device if plan.settings.get('init_device') == 'device' else 'cpu'
     if src.kind == 'scratch':
         model = init_model(plan.model, seed, device)

@@ -1,9 +1,6 @@
 """
-When things happen in a run: the learning-rate schedule (linear warm-up, then cosine decay to min_lr, a
-constant rate, or warm-up-stable-decay), a step's batch (total_batch_size or gradient_accumulation_steps,
-split over the processes into micro-batches that fit), the token budget (max_tokens, warmup_tokens and
-lr_decay_tokens turned into the iteration counts that the schedule and the loop use), and which
-evaluations, samples and checkpoints are due at a step.
+When things happen in a run: the learning-rate schedule, a step's batch split over the processes, the token
+budgets as iteration counts, and which evaluations, samples and checkpoints are due at a step.
 """
 import math
 from typing import NamedTuple
@@ -24,13 +21,9 @@ def check_decay(learning_rate, min_lr, lr_schedule):
 
 def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule='cosine', lr_decay_frac=0.2,
            max_iters=None):
-    """The learning rate of step `it`. Every schedule warms up linearly for warmup_iters steps (never 0 at
-    step 0), then:
-      'cosine'    down to min_lr at lr_decay_iters, min_lr after (nanoGPT's)
-      'constant'  learning_rate (the fine-tuning recipe: warm-up, then a constant rate)
-      'wsd'       warm-up, stable at learning_rate, then linear down to min_lr over the last lr_decay_frac of
-                  the run's max_iters steps (min_lr at the last step)
-    'none' is nanoGPT's decay_lr=False: learning_rate at every step, no warm-up either."""
+    """The learning rate of step `it` (docs/configuration.md, lr_schedule): a linear warm-up, never 0 at step 0,
+    then 'cosine' (min_lr from lr_decay_iters on), 'constant' or 'wsd' (min_lr at the last step); 'none' is
+    nanoGPT's decay_lr=False: learning_rate at every step, without warm-up."""
     if lr_schedule == 'none':
         return learning_rate
     if it < warmup_iters:
@@ -52,15 +45,10 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
 
 
 def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size, verbose=True):
-    """(micro_steps, micro_batch): the global batch of a step, in sequences of block_size tokens, split over the
-    world_size processes, each running micro_steps forward/backward passes of micro_batch sequences, at most
-    batch_size (the most that fits one). The global batch is total_batch_size tokens (build-nanogpt's setting)
-    or, with total_batch_size=0, nanoGPT's gradient_accumulation_steps micro-batches of batch_size (a total
-    over all processes). Each process takes an equal share; its micro-steps are the fewest whose equal
-    micro-batches fit batch_size. So a config runs
-    unchanged on 1, 2, 4 or 8 GPUs with the same global batch: nanoGPT's 40 x 12 is 40 micro-steps of 12 on
-    one GPU and 5 of 12 on eight, speedrun's 65,536 tokens 2 x 32 on one GPU and 1 x 16 on four. A global batch
-    that cannot be shared equally is one line naming the settings that would work."""
+    """(micro_steps, micro_batch): the global batch (total_batch_size tokens, or nanoGPT's
+    gradient_accumulation_steps x batch_size sequences) shared equally by the world_size processes, each in the
+    fewest equal micro-batches of at most batch_size, so a config runs unchanged on any number of GPUs
+    (docs/configuration.md, total_batch_size)."""
     if total_batch_size:
         if total_batch_size % block_size:
             lower = total_batch_size // block_size * block_size

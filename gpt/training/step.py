@@ -1,11 +1,8 @@
 """
-The training step: one function, which train.py and bench.py call and the CUDA graph of gpt/training/stepgraph.py
-captures. A change to the step (an auxiliary loss, another clipping) is made here once and runs in every one
-of them.
-
-It reads nothing back to the CPU: the loss and the gradient norm stay tensors, and a NaN/inf gradient norm
-skips the update on the device, through the found_inf flag that fused optimizers (every CUDA run's) read for
-GradScaler. That is what lets a CUDA graph capture it, and it spares an eager step a CPU-GPU sync.
+The training step: one function, which train.py and bench.py call and gpt/training/stepgraph.py captures, so a
+change to the step runs in all of them. It reads nothing back to the CPU (a NaN/inf gradient norm skips the
+update on the device, through fused optimizers' found_inf): that lets a CUDA graph capture it, and spares an
+eager step a CPU-GPU sync.
 """
 import math
 

@@ -1,17 +1,10 @@
 """
-The training step as one CUDA graph: the forward and backward of every micro-step, the gradient clipping
-and the optimizer's update, recorded once and replayed every iteration. train.py and bench.py use it
-where `cuda_graph=True` (one CUDA GPU).
-
-Why: a step is hundreds of kernels (thousands for GPT-2), each launched from Python. For a small model
-(shakespeare_char) the GPU runs them faster than the CPU launches them, so the step is bound by the CPU;
-even GPT-2 124M compiled at B=12 spends about as long launching a step as the GPU spends running it. A
-graph launches the whole step at once. It runs the very same kernels, so it computes the same thing.
-
-What a graph needs: fixed shapes and addresses, and no value read back on the CPU inside it. The step,
-gpt/training/step.py's train_step (the eager loop's too), reads nothing back: a NaN/inf gradient norm skips the
-update on the GPU. So each step's batches are copied into fixed input buffers, and the learning rate is a
-tensor on the GPU that fused AdamW reads (capturable).
+The training step as one CUDA graph (cuda_graph=True, one CUDA GPU): every micro-step's forward and backward,
+the clipping and the update, recorded once and replayed every iteration: a step bound by launching kernels
+from Python is launched at once, the same kernels (docs/benchmarks.md). A graph needs fixed shapes and
+addresses and no value read back on the CPU: the batches are copied into fixed buffers, the learning rate is
+a GPU tensor that fused AdamW reads (capturable), and train_step (gpt/training/step.py) skips a non-finite
+update on the GPU.
 """
 import torch
 
@@ -51,9 +44,8 @@ class StepGraph:
             del self.optimizer.held
 
     def run(self, batches):
-        """One step on the accum micro-batches (X, Y) that `batches` yields, at the learning rate gpt/training/step.py's
-        set_lr gave the optimizer. Returns the mean loss and the gradient norm; a non-finite norm means the
-        update was skipped."""
+        """One step on the accum micro-batches (X, Y) that `batches` yields, at the rate set_lr gave; returns
+        train_step's (mean loss, gradient norm)."""
         for i, (X, Y) in enumerate(batches):
             self.x[i].copy_(X)
             self.y[i].copy_(Y)
