@@ -32,7 +32,7 @@ def kept(why):
 @dataclass(frozen=True)
 class Setting:
     check: tuple = ()  # (test of a value, what a value must be): a value that fails is one `error:` line
-    resume: str = RUN  # RUN, TRAINING or kept(why)
+    resume: str = RUN  # RUN, TRAINING, kept(why), or MODEL for GPTConfig's fields
     unused: object = None  # settings -> why this one does nothing in such a run (None: it does something)
     default: object = None  # a feature's settings; a script's own have their value as the default
     doc: str = ''  # one line for --help and docs/configuration.md; a script's own have their comment

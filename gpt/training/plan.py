@@ -220,7 +220,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     start_iter, start_tokens = started(src, tokens_per_iter)
     max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose,
                                                                   start=(start_iter, start_tokens))
-    lr_schedule = config['lr_schedule'] if config['decay_lr'] else 'none'
+    lr_schedule = schedule.in_effect(config)
     notes = settings.notes(config, config.declared) + schedule.check_lengths(max_iters, warmup_iters,
                                                                            lr_decay_iters, lr_schedule)
     parallelism = config['parallelism'] if torchrun else 'none'
