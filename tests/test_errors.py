@@ -412,8 +412,8 @@ def test_ctrl_c_before_training_is_one_short_line(tmp_path):
 
 
 def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path):
-    """Under torchrun every rank meets a bad setting: the line is printed once (rank 0), each worker exits 2,
-    and torchrun's failure summary shows the line instead of a pointer to its docs. torchrun itself exits 1
+    """Under torchrun every rank meets a bad setting: the line is printed once (rank 0), local rank 0 exits 2
+    and torchrun's failure summary shows the line, for that one worker, instead of a pointer to its docs. torchrun itself exits 1
     with its own ChildFailedError traceback: that is torchrun's, whatever its workers' status."""
     shared = Shared(str(tmp_path))
     r = run_script("train.py", *TRAIN_BASE, f"--data_dir={shared.data()}", f"--out_dir={tmp_path / 'out'}",
@@ -425,6 +425,8 @@ def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path):
     assert r.returncode == 1, out[-3000:]  # torchrun's own status for any failed worker
     summary = out[out.index("Root Cause"):]
     assert "exitcode  : 2" in summary and f"traceback : {line}" in summary, summary
+    # one failed worker in the summary, not one per process: the others wait for torchrun to stop them
+    assert out.count("exitcode  :") == 1 and "<NO_OTHER_FAILURES>" in out, out[-3000:]
     assert 'File "' + os.path.join(ROOT, "train.py") not in out  # no traceback from train.py itself
 
 

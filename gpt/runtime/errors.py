@@ -22,6 +22,9 @@ import time
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 # what torchrun sets in each process it starts (gpt/runtime/distributed.py's launch checks them)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# long enough for torchrun to notice local rank 0's exit (it looks every 0.1 s by default); a worker that fails
+# alone still exits 2 after it, and torchrun reports it
+OTHER_RANKS_WAIT_S = 5
 
 
 class UserError(Exception):
@@ -83,6 +86,19 @@ def _other_rank():
     return all(os.environ.get(k) for k in TORCHRUN_VARIABLES) and rank.isdigit() and int(rank) != 0
 
 
+def _local_rank():
+    return int(os.environ["LOCAL_RANK"]) if os.environ.get("LOCAL_RANK", "").isdigit() else 0
+
+
+def _wait_for_local_rank_zero():
+    """A bad setting fails every worker alike. Local rank 0 exits at once with the error; the others wait a
+    moment, and torchrun's stop (SIGTERM) then ends them with status 0, as workers whose failure has been
+    reported: its summary names one worker per node, not all (torchrun itself still exits 1). A worker that
+    fails alone exits 2 after the wait, with its line in torchrun's summary."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    time.sleep(OTHER_RANKS_WAIT_S)
+
+
 def _excepthook(kind, value, tb):
     _run_failure_callbacks()
     if issubclass(kind, KeyboardInterrupt):  # Ctrl-C outside the training loop (which stops cleanly itself)
@@ -90,6 +106,8 @@ def _excepthook(kind, value, tb):
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
     if issubclass(kind, UserError):
         line = f"error: {value}"
+        if _local_rank() > 0:
+            _wait_for_local_rank_zero()
         if _torchrun_report(line):
             print(line, file=_stderr(), flush=True)
         sys.exit(2)  # sys.exit inside the hook sets the interpreter's exit status
