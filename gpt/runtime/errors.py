@@ -2,7 +2,7 @@
 User errors: a mistake a user can fix is raised as UserError and printed as one line, `error: ...`, with exit
 status 2 - no traceback; Ctrl-C is `interrupted (Ctrl-C)` and status 130; a closed stdout pipe (`... | head`)
 ends quietly with 141, as SIGPIPE would (`set -o pipefail` still sees the output was cut); anything else is a
-bug and keeps its traceback. Under torchrun rank 0 alone prints, and every rank writes the line into its
+bug and keeps its traceback. Under torchrun rank 0 alone prints, and a failed worker writes the line into its
 torchrun error file. What users see: docs/configuration.md, docs/scaling.md.
 
 on_failure(callback) registers what a script must put back if it stops on any of these (rundir.py's
