@@ -111,14 +111,17 @@ def test_a_batch_that_follows_the_flags_says_so_and_one_that_does_not_says_nothi
     p = resolve(shlex.split(NANOGPT_CPU))
     assert p.notes[0] == (
         "batch_size=12 and block_size=64 came after config/train_shakespeare_char.py's total_batch_size=16,384 "
-        "(1 of 64 x 256): the batch is 1 micro-batch of 12 x 64 as in nanoGPT, total_batch_size=768 (give "
-        "--total_batch_size to keep a batch in tokens: batch_size then only caps a micro-batch)")
+        "(1 micro-batch of 64 x 256), so the batch is 1 micro-batch of 12 x 64, total_batch_size=768, as in nanoGPT "
+        "(give --total_batch_size to keep a batch in tokens: batch_size then only caps a micro-batch)")
     assert not any("total_batch_size" in n for n in resolve(["config/train_shakespeare_char.py"]).notes)
     assert not any("total_batch_size" in n for n in resolve(
         ["config/train_shakespeare_char.py", "--batch_size=64"]).notes)
     # gradient_accumulation_steps sets the batch here: no "does nothing" note for it
     notes = resolve(["config/train_shakespeare_char.py", "--gradient_accumulation_steps=4"]).notes
-    assert notes[0].startswith("gradient_accumulation_steps=4 came after") and len(notes) == 1
+    assert notes == ("gradient_accumulation_steps=4 came after config/train_shakespeare_char.py's "
+                     "total_batch_size=16,384, so the batch is 4 micro-batches of 64 x 256, total_batch_size=65,536, "
+                     "as in nanoGPT (give --total_batch_size to keep a batch in tokens: batch_size then only caps a "
+                     "micro-batch)",)
 
 
 def test_a_later_config_file_changes_the_batch_as_flags_do(tmp_path):

@@ -98,12 +98,9 @@ def batch_changes(c):
 
 
 def global_batch(c, block_size):
-    """(total_batch_size, note): the global batch in tokens a step (0: nanoGPT's gradient_accumulation_steps x
-    batch_size sequences) for a run of this block_size, and why when it is not the total_batch_size set. A
-    total_batch_size is a number of micro-batches of the batch_size x block_size where it was set; a later
-    config file or flags that change these or gradient_accumulation_steps (nanoGPT's `--batch_size=12
-    --block_size=64`), not total_batch_size, change the batch as in nanoGPT: as many micro-batches (or
-    gradient_accumulation_steps of them) of the new shape (docs/configuration.md, total_batch_size)."""
+    """(total_batch_size, note): the tokens a step for a run of this block_size (0: nanoGPT's
+    gradient_accumulation_steps x batch_size sequences), and why when it is not the one set: a later file or
+    flags that change SHAPE change the batch as in nanoGPT (docs/configuration.md, total_batch_size)."""
     total = c['total_batch_size']
     where, shape, later = batch_changes(c)
     if not total or not later:
@@ -121,14 +118,18 @@ def global_batch(c, block_size):
                         f"micro-batches of batch_size x block_size")
     else:
         steps = total // micro
-        was = f" ({steps} of {shape['batch_size']} x {shape['block_size']})"
+        was = f" ({micro_batches(steps)} of {shape['batch_size']} x {shape['block_size']})"
     new = steps * c['batch_size'] * block_size
     if new == total:
         return total, None
-    return new, (f"{changed} came after {there} total_batch_size={total:,}{was}: the batch is {steps} "
-                 f"micro-batch{'es' if steps > 1 else ''} of {c['batch_size']} x {block_size} as in nanoGPT, "
-                 f"total_batch_size={new:,} (give --total_batch_size to keep a batch in tokens: batch_size then "
-                 f"only caps a micro-batch)")
+    return new, (f"{changed} came after {there} total_batch_size={total:,}{was}, so the batch is "
+                 f"{micro_batches(steps)} of {c['batch_size']} x {block_size}, total_batch_size={new:,}, as in "
+                 f"nanoGPT (give --total_batch_size to keep a batch in tokens: batch_size then only caps a "
+                 f"micro-batch)")
+
+
+def micro_batches(n):
+    return f"{n} micro-batch" + ("es" if n > 1 else "")
 
 
 def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
