@@ -59,13 +59,15 @@ def _expand_home(key, value):
 
 
 class Config(dict):
-    """The final settings, {key: value}, plus `given`: the keys that config files and flags set, and
-    `declared`: each setting's declaration (gpt/runtime/settings.py's Setting)."""
+    """The final settings, {key: value}, plus `given`: the keys that config files and flags set,
+    `declared`: each setting's declaration (gpt/runtime/settings.py's Setting), and `sources`: in order,
+    (config file or 'flags', {key: value} it set), consecutive flags as one (the plan reads which came later)."""
 
-    def __init__(self, values, given, declared=None):
+    def __init__(self, values, given, declared=None, sources=()):
         super().__init__(values)
         self.given = frozenset(given)
         self.declared = declared or {k: Setting(default=v) for k, v in values.items()}
+        self.sources = tuple(sources)
 
 
 class _Recording(dict):
@@ -185,7 +187,7 @@ def apply(g, argv, *sections):
     if "--help=markdown" in argv:
         print(markdown(declared))
         raise SystemExit(0)
-    given = set()
+    given, sources = set(), []
     for arg in argv:
         if "=" in arg:
             if not arg.startswith("--"):
@@ -203,6 +205,9 @@ def apply(g, argv, *sections):
             print(f"config {source}: {key} = {value!r}")
             values[key] = _coerce(key, value, values[key], arg)
             given.add(key)
+        if source != "flag" or not sources or sources[-1][0] != "flags":
+            sources.append(("flags" if source == "flag" else source, {}))
+        sources[-1][1].update({key: values[key] for key in overrides})
     for key, where in home.items():
         where[key] = values[key]
-    return Config(values, given, declared)
+    return Config(values, given, declared, sources)

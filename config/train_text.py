@@ -2,9 +2,9 @@
 # $ python data/text/prepare.py --input my_texts/ --name mytext
 # $ python train.py config/train_text.py --dataset=mytext --out_dir=out-mytext
 # $ python sample.py --out_dir=out-mytext
-# the shakespeare_char model (6 layers, 384 wide, context 256, dropout against overfitting a small corpus);
-# on a CPU add e.g. --device=cpu --block_size=64 --batch_size=12 --total_batch_size=768 --n_layer=4 --n_head=4
-# --n_embd=128
+# With a GPU, the shakespeare_char model (6 layers, 384 wide, context 256, dropout against overfitting a small
+# corpus); on a CPU, config/quickstart.py's small model, which trains in minutes rather than hours.
+import torch
 
 out_dir = 'out-text'
 dataset = 'text'  # set it to your --name: --dataset=mytext
@@ -15,7 +15,7 @@ always_save_checkpoint = False  # a small corpus overfits: keep the checkpoint o
 
 total_batch_size = 16_384  # 64 sequences of 256 a step, on any number of GPUs (two: 32 each)
 batch_size = 64
-block_size = 256  # prepare.py's --block_size must not be larger (it keeps one window of val)
+block_size = 256  # at most prepare.py's --block_size (val holds one window of it)
 
 n_layer = 6
 n_head = 6
@@ -33,3 +33,17 @@ warmup_iters = 100
 # rather than compile (as config/train_shakespeare_char.py)
 cuda_graph = True
 compile = False
+
+if not torch.cuda.is_available():  # config/quickstart.py's CPU model (tests/test_batch.py holds them equal)
+    print("train_text: no GPU found, training a small model on the CPU")
+    device = 'cpu'
+    cuda_graph = False
+    eval_iters = 20
+    log_interval = 50
+    block_size = 64
+    batch_size = 12
+    total_batch_size = 12 * 64  # one micro-batch of 12 a step
+    n_layer = 4
+    n_head = 4
+    n_embd = 128
+    dropout = 0.0

@@ -214,7 +214,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
                         f"and the model use different tokenizers")
     check_data_for_model(meta, config['init_from'], src.checkpoint, data_label)  # the data's tokenizer is the model's
     block_size = model['block_size']
-    micro_steps, micro_batch = schedule.split_batch(config['total_batch_size'], config['gradient_accumulation_steps'],
+    total_batch_size, batch_note = schedule.global_batch(config, block_size)
+    micro_steps, micro_batch = schedule.split_batch(total_batch_size, config['gradient_accumulation_steps'],
                                                     config['batch_size'], block_size, world_size, verbose)
     tokens_per_iter = micro_steps * world_size * micro_batch * block_size
     start_iter, start_tokens = started(src, tokens_per_iter)
@@ -223,6 +224,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     lr_schedule = schedule.in_effect(config)
     notes = settings.notes(config, config.declared) + schedule.check_lengths(max_iters, warmup_iters,
                                                                            lr_decay_iters, lr_schedule)
+    notes[:0] = [batch_note] if batch_note else []  # first: it says what the run's batch is
     parallelism = config['parallelism'] if torchrun else 'none'
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
@@ -244,7 +246,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     earlier = tuple(rundir.earlier_run(config['out_dir']) if fresh and os.path.isdir(config['out_dir']) else ())
     settings_ = dict(config)
     settings_.update({k: v for k, v in model.items() if k in settings_})  # the model that runs, not the flags
-    settings_.update(block_size=block_size, batch_size=micro_batch,
+    settings_.update(block_size=block_size, batch_size=micro_batch, total_batch_size=total_batch_size,
                      gradient_accumulation_steps=micro_steps * world_size, max_iters=max_iters,
                      warmup_iters=warmup_iters, lr_decay_iters=lr_decay_iters, device=device, dtype=dtype,
                      compile=compiled, compile_scope=compile_scope, cuda_graph=graphed)

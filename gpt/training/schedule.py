@@ -79,6 +79,59 @@ def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block
     return micro_steps, micro_batch
 
 
+SHAPE = ('batch_size', 'block_size', 'gradient_accumulation_steps')  # what a micro-batch and a step are made of
+
+
+def batch_changes(c):
+    """(where, shape, later): the config file (or 'flags') that last set total_batch_size, SHAPE's values there,
+    and those of them that a later config file or flags set (from the configurator's c.sources)."""
+    declared = getattr(c, 'declared', {})
+    now = {k: declared[k].default for k in SHAPE if k in declared}
+    where, shape, later = None, {}, {}
+    for name, values in getattr(c, 'sources', ()):
+        now.update((k, values[k]) for k in SHAPE if k in values)
+        if 'total_batch_size' in values:
+            where, shape, later = name, dict(now), {}
+        else:
+            later.update((k, values[k]) for k in SHAPE if k in values)
+    return where, shape, later
+
+
+def global_batch(c, block_size):
+    """(total_batch_size, note): the tokens a step for a run of this block_size (0: nanoGPT's
+    gradient_accumulation_steps x batch_size sequences), and why when it is not the one set: a later file or
+    flags that change SHAPE change the batch as in nanoGPT (docs/configuration.md, total_batch_size)."""
+    total = c['total_batch_size']
+    where, shape, later = batch_changes(c)
+    if not total or not later:
+        return total, None
+    changed = " and ".join(f"{k}={v}" for k, v in later.items())
+    there = "the flags'" if where == 'flags' else f"{where}'s"
+    micro = shape['batch_size'] * shape['block_size']
+    if 'gradient_accumulation_steps' in later:
+        steps, was = later['gradient_accumulation_steps'], ""
+    elif total % micro:
+        raise UserError(f"{changed} came after {there} total_batch_size={total:,}, which is not a whole number of "
+                        f"micro-batches of batch_size={shape['batch_size']} x block_size={shape['block_size']}, so "
+                        f"the batch they mean is unclear: give --total_batch_size={total} to keep it (batch_size "
+                        f"then only caps a micro-batch), or --gradient_accumulation_steps=N for a batch of N "
+                        f"micro-batches of batch_size x block_size")
+    else:
+        steps = total // micro
+        was = f" ({micro_batches(steps)} of {shape['batch_size']} x {shape['block_size']})"
+    new = steps * c['batch_size'] * block_size
+    if new == total:
+        return total, None
+    return new, (f"{changed} came after {there} total_batch_size={total:,}{was}, so the batch is "
+                 f"{micro_batches(steps)} of {c['batch_size']} x {block_size}, total_batch_size={new:,}, as in "
+                 f"nanoGPT (give --total_batch_size to keep a batch in tokens: batch_size then only caps a "
+                 f"micro-batch)")
+
+
+def micro_batches(n):
+    return f"{n} micro-batch" + ("es" if n > 1 else "")
+
+
 def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
     """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes the
     first step at which the run has trained on that many tokens (so a run stops at the first step that
@@ -204,8 +257,8 @@ def no_schedule(c):
 
 
 def batch_in_tokens(c):
-    return c['total_batch_size'] > 0 and (f"total_batch_size={c['total_batch_size']:,} sets the batch; the "
-                                          f"micro-steps follow from it and batch_size")
+    return c['total_batch_size'] > 0 and 'gradient_accumulation_steps' not in batch_changes(c)[2] and (
+        f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size")
 
 
 def never_saves(c):
