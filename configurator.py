@@ -160,6 +160,9 @@ def _run_config_file(path, config):
             tb = tb.tb_next
         what = (f"it exits (SystemExit({e.code!r})), and a config file may only set values"
                 if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")
+        if isinstance(e, NameError) and e.name:  # a flag's unquoted text or lowercase true is a name in Python
+            what += (f": write {e.name.capitalize()}" if e.name.lower() in ("true", "false", "none") else
+                     f" (text in a config file is quoted: '{e.name}')")
         raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "") + f": {what}")
     overrides = {}
     for key, line in scope.lines.items():
