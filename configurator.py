@@ -94,9 +94,8 @@ def overrides_said(config):
 
 
 class _Recording(dict):
-    """A config file's scope that records every name the file assigns, with the line of the file that first
-    assigned it (module-level code stores its names through __setitem__ when the scope is not exactly a dict),
-    including through a nested exec() (the line of the exec)."""
+    """A config file's scope that records the line that first assigns each name (module-level code stores its
+    names through __setitem__ when the scope is not exactly a dict); through a nested exec(), the exec's line."""
 
     def __init__(self, values, path):
         super().__init__(values)
@@ -167,11 +166,10 @@ def _run_config_file(path, config):
     overrides = {}
     for key, line in scope.lines.items():
         value, where = scope[key], f"{path} line {line}" if line else path
-        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
-            continue  # imports, helper functions and private names are the file's own business
-        if key not in config:
-            raise _unknown(key, config, f"in {where}")
-        overrides[key] = value, where
+        if key in config:  # whatever its value: a function or class given to a setting is refused, not skipped
+            overrides[key] = value, where
+        elif not (key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type))):
+            raise _unknown(key, config, f"in {where}")  # imports, helpers and private names: the file's own
     if not overrides:
         raise UserError(f"config file {path} sets no setting: a config file is Python that assigns settings, one "
                         f"a line (batch_size = 16); --help lists them")

@@ -67,6 +67,8 @@ def test_config_file_errors_name_the_file(tmp_path):
     ("nothing_like_a_setting: 3\n", ["unknown config key 'nothing_like_a_setting' in", "bad.cfg line 1"]),
     ("import math\n_x = 3\n", ["config file", "bad.cfg sets no setting", "batch_size = 16"]),  # sets nothing at all
     ("# batch_size = 3\n", ["bad.cfg sets no setting"]),
+    ("import math\nbatch_size = 3\ndef compile():\n    return False\n", ["compile expects bool", "(function) from",
+                                                                       "bad.cfg line 3: give True or False"]),
     ("batch_size = 3\ncompile = false\n", ["bad.cfg failed at line 2: NameError", "write False"]),
     ("dataset = shakespeare_char\n", ["line 1", "text in a config file is quoted: 'shakespeare_char'"]),
     ("compile: false\nout_dir: c:/runs\n", ["bad.cfg is not valid Python at line 2", "key = value"]),
