@@ -18,11 +18,16 @@ from gpt.runtime.settings import MODEL, RUN, TRAINING, Setting, comments
 CONFIG_TYPES = (bool, int, float, str)
 
 
+def _meant(key, known):
+    """The setting a typo (--batchsize) most likely meant, or None. The cutoff is above difflib's 0.6, which pairs
+    names merely alike (a removed hellaswag_path with hellaswag_interval)."""
+    return next(iter(difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)), None)
+
+
 def _unknown(key, known, where):
-    """The error for a key no setting has, naming the setting a typo (--batchsize) most likely meant. The cutoff
-    is above difflib's 0.6, which pairs names merely alike (a removed hellaswag_path with hellaswag_interval)."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
-    hint = f": did you mean {close[0]}?" if close else " (--help lists every setting)"
+    """The error for a key no setting has, naming the setting it most likely meant."""
+    close = _meant(key, known)
+    hint = f": did you mean {close}?" if close else " (--help lists every setting)"
     return UserError(f"unknown config key '{key}' {where}{hint}")
 
 
@@ -30,12 +35,20 @@ def _coerce(key, value, current, where):
     expected = type(current)
     if expected is float and type(value) is int:
         value = float(value)
-    if expected is float and type(value) is float and not math.isfinite(value):
+    if expected in (int, float) and type(value) is float and not math.isfinite(value):
         # 1e400 reads as inf: no setting means anything by inf or nan
         raise UserError(f"{key} expects a finite number, got {value!r} from {where}")
+    if expected is int and type(value) is float:
+        if value.is_integer():  # --max_iters=1e3 or 2000.0: a whole number, written as Python writes floats
+            return int(value)
+        raise UserError(f"{key} expects int, got {value!r} (float) from {where}: give a whole number")
     if type(value) is expected:
         return value
-    raise UserError(f"{key} expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {where}")
+    raise UserError(f"{key} expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {where}: give "
+                    + _KINDS.get(expected, f"one like {current!r}"))
+
+
+_KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "text (quoted in a config file)"}
 
 
 def _parse_value(raw, current):
@@ -69,32 +82,81 @@ class Config(dict):
         self.declared = declared or {k: Setting(default=v) for k, v in values.items()}
         self.sources = tuple(sources)
 
+    def set_by(self):
+        """{key: the config file that set it last, or 'flags'}, in the order they were last set."""
+        last = {}
+        for source, values in self.sources:
+            for key in values:
+                last.pop(key, None)
+                last[key] = source
+        return last
+
+
+def overrides_said(config):
+    """nanoGPT's echo of the overrides, one line for each config file and one for the flags: the settings whose
+    value differs from the default, under the file or flag that gave it (the whole config: log.jsonl)."""
+    groups = {}
+    for key, source in config.set_by().items():
+        if config[key] != config.declared[key].default:
+            groups.setdefault(source, []).append(f"{key}={config[key]!r}")
+    return [f"config from {source}: " + " ".join(pairs) for source, pairs in groups.items()]
+
 
 class _Recording(dict):
-    """A config file's scope that records every name the file assigns (module-level code stores its names
-    through __setitem__ when the scope is not exactly a dict), including through a nested exec()."""
+    """A config file's scope that records the line that first assigns each name (module-level code stores its
+    names through __setitem__ when the scope is not exactly a dict); through a nested exec(), the exec's line."""
 
-    def __init__(self, values):
+    def __init__(self, values, path):
         super().__init__(values)
-        self.assigned = set()
+        self.path, self.lines = path, {}
 
     def __setitem__(self, key, value):
-        self.assigned.add(key)
+        if key not in self.lines:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename != self.path:
+                frame = frame.f_back
+            self.lines[key] = frame.f_lineno if frame is not None else None
         super().__setitem__(key, value)
 
 
+def _bare_annotations(tree):
+    """The statements `name: value` of a file's module level: annotations, which assign nothing (Python reads a
+    YAML line so)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.AnnAssign) and node.value is None and isinstance(node.target, ast.Name):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+
+
 def _run_config_file(path, config):
+    """{key: (value, where)} of the settings a config file assigns, in the order it first sets them; where:
+    the file and line. A file that sets none, a line that assigns nothing (`batch_size: 16`) or a name that is
+    no setting is one error naming the file and line."""
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
-    scope = _Recording({**config, "__file__": path})  # __file__: a file can find files beside it
+    scope = _Recording({**config, "__file__": path}, path)  # __file__: a file can find files beside it
     try:
         with open(path, encoding="utf-8") as f:
-            code = compile(f.read(), path, "exec")
+            text = f.read()
+        tree = ast.parse(text, path)
+        code = compile(tree, path, "exec")
     except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
-        raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)}")
+        raise UserError(f"config file {path} is not valid Python{where}: {getattr(e, 'msg', e)} (a config file is "
+                        f"Python: key = value lines)")
     except OSError as e:  # no permission, or not a regular file after all
         raise UserError(f"config file {path} could not be read ({e.strerror or e})")
+    for node in _bare_annotations(tree):  # before it runs: a YAML value (out-test) may not even evaluate
+        name = node.target.id
+        meant = name if name in config else _meant(name, config)
+        if meant is None:
+            raise _unknown(name, config, f"in {path} line {node.lineno}")
+        raise UserError(f"config file {path} line {node.lineno}: `{ast.get_source_segment(text, node)}` sets "
+                        f"nothing (Python reads it as an annotation; a config file is Python, not YAML): write "
+                        f"{meant} = {ast.get_source_segment(text, node.annotation)}")
     try:
         exec(code, scope)
     except (UserError, KeyboardInterrupt):  # Ctrl-C while a file runs stays Ctrl-C
@@ -106,15 +168,20 @@ def _run_config_file(path, config):
             tb = tb.tb_next
         what = (f"it exits (SystemExit({e.code!r})), and a config file may only set values"
                 if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}")
+        if isinstance(e, NameError) and e.name:  # a flag's unquoted text or lowercase true is a name in Python
+            what += (f": write {e.name.capitalize()}" if e.name.lower() in ("true", "false", "none") else
+                     f" (text in a config file is quoted: '{e.name}')")
         raise UserError(f"config file {path} failed" + (f" at line {line}" if line else "") + f": {what}")
     overrides = {}
-    for key in sorted(scope.assigned, key=list(scope).index):  # in the order the file first set them
-        value = scope[key]
-        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
-            continue  # imports, helper functions and private names are the file's own business
-        if key not in config:
-            raise _unknown(key, config, f"in {path}")
-        overrides[key] = value
+    for key, line in scope.lines.items():
+        value, where = scope[key], f"{path} line {line}" if line else path
+        if key in config:  # whatever its value: a function or class given to a setting is refused, not skipped
+            overrides[key] = value, where
+        elif not (key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type))):
+            raise _unknown(key, config, f"in {where}")  # imports, helpers and private names: the file's own
+    if not overrides:
+        raise UserError(f"config file {path} sets no setting: a config file is Python that assigns settings, one "
+                        f"a line (batch_size = 16); --help lists them")
     return overrides
 
 
@@ -187,7 +254,7 @@ def apply(g, argv, *sections):
     if "--help=markdown" in argv:
         print(markdown(declared))
         raise SystemExit(0)
-    given, sources = set(), []
+    sources = []  # (config file or 'flags', {key: value}), in order
     for arg in argv:
         if "=" in arg:
             if not arg.startswith("--"):
@@ -195,19 +262,19 @@ def apply(g, argv, *sections):
             key, _, raw = arg[2:].partition("=")
             if key not in values:
                 raise _unknown(key, values, f"(from {arg})")
-            overrides, source = {key: _parse_value(raw, values[key])}, "flag"
+            overrides, source = {key: (_parse_value(raw, values[key]), arg)}, "flags"
         elif arg.startswith("-"):
             raise UserError(f"flag {arg} has no value: write {arg}=VALUE")
         else:
             overrides, source = _run_config_file(arg, values), arg
-        for key, value in overrides.items():
-            value = _expand_home(key, value)
-            print(f"config {source}: {key} = {value!r}")
-            values[key] = _coerce(key, value, values[key], arg)
-            given.add(key)
-        if source != "flag" or not sources or sources[-1][0] != "flags":
-            sources.append(("flags" if source == "flag" else source, {}))
+        for key, (value, where) in overrides.items():
+            values[key] = _coerce(key, _expand_home(key, value), values[key], where)
+        if source != "flags" or not sources or sources[-1][0] != "flags":
+            sources.append((source, {}))
         sources[-1][1].update({key: values[key] for key in overrides})
     for key, where in home.items():
         where[key] = values[key]
-    return Config(values, given, declared, sources)
+    config = Config(values, {key for _, given in sources for key in given}, declared, sources)
+    for line in overrides_said(config):
+        print(line)
+    return config

@@ -94,9 +94,13 @@ class GPTConfig:
         if self.family not in ('gpt2', 'llama'):
             raise UserError(f"unknown model family '{self.family}': use gpt2 or llama")
         self.n_kv_head = self.n_kv_head or self.n_head
-        if self.n_embd % self.n_head or self.n_head % self.n_kv_head:
-            raise UserError(f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}, and n_head a "
-                            f"multiple of n_kv_head={self.n_kv_head}")
+        if self.n_embd % self.n_head:  # each head gets an equal share of the width
+            heads = sorted(range(1, self.n_embd + 1), key=lambda d: (self.n_embd % d, abs(d - self.n_head)))[:2]
+            raise UserError(f"n_head={self.n_head} does not divide n_embd={self.n_embd}: give an n_head that does "
+                            f"(e.g. {' or '.join(map(str, sorted(heads)))}) or an n_embd that {self.n_head} divides")
+        if self.n_head % self.n_kv_head:  # query heads share key/value heads in equal groups
+            raise UserError(f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}: give an n_kv_head "
+                            f"that does, or 0 (as many as n_head)")
         if self.pos_emb not in ('learned', 'rope') or (self.pos_emb != 'learned' and self.family != 'gpt2'):
             raise UserError(f"pos_emb='{self.pos_emb}' is not an option for family {self.family}: use learned or "
                             f"rope (family gpt2; llama's positions are always rotary)")

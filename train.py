@@ -33,7 +33,7 @@ from gpt.data.tokenizer import get_tokenizer
 from gpt.monitor import server
 from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
 from gpt.optim import muon
-from gpt.runtime import distributed, hardware
+from gpt.runtime import distributed, hardware, settings
 from gpt.runtime.settings import (
     FRACTION,
     MODEL,
@@ -61,7 +61,7 @@ eval_interval: Setting(POSITIVE) = 2000  # evaluate (and maybe save) every N ste
 log_interval: Setting(POSITIVE) = 1  # print and log the training loss every N steps
 eval_iters: Setting(POSITIVE) = 200  # batches of each split an evaluation averages
 eval_only: Setting() = False  # if True, script exits right after the first eval
-always_save_checkpoint: Setting() = True  # if True, always save a checkpoint after each eval
+always_save_checkpoint: Setting(unused=settings.by_interval) = True  # if True, always save a checkpoint after each eval
 checkpoint_interval: Setting(schedule.CHECKPOINT_INTERVAL) = 0  # save every N steps (0: at evaluations; -1: never)
 keep_checkpoints: Setting(NOT_NEGATIVE, unused=schedule.never_saves) = 0  # keep the last N as ckpt-<iter>.pt
 ckpt_every_tokens: Setting(NOT_NEGATIVE) = 0  # keep ckpt-tok<tokens>-val<loss>.pt each N tokens (0: off)
@@ -71,7 +71,7 @@ wandb_log: Setting() = False  # every row of log.jsonl to Weights & Biases too
 wandb_project: Setting() = 'owt'  # the W&B project
 wandb_run_name: Setting() = 'gpt2'  # the run's name there
 # data
-dataset: Setting(resume=TRAINING) = 'openwebtext'  # data/<dataset>/: train.bin and val.bin, or shards
+dataset: Setting((), TRAINING, settings.label_only) = 'openwebtext'  # data/<dataset>/: train.bin and val.bin, or shards
 data_dir: Setting(resume=TRAINING) = ''  # '' means data/<dataset> beside this script
 gradient_accumulation_steps: Setting(POSITIVE, TRAINING, schedule.batch_in_tokens) = 5 * 8  # over all processes
 total_batch_size: Setting(at_least(0, "0 (gradient_accumulation_steps) or more"), TRAINING) = 0  # or tokens a step
@@ -253,7 +253,7 @@ def finish():
 
 # logging
 if run.master:
-    print("config:", " ".join(f"{k}={v!r}" for k, v in run.settings.items()))
+    print(plan.config_line(run, config))  # what the plan decided; configurator said what files and flags set
     for line in run.notes:
         print(f"note: {line}")
 log.write(kind='plan', step=iter_num, **run.record())  # each launch's plan, as its checkpoints record it

@@ -50,11 +50,77 @@ def test_bad_arguments_name_the_problem(arg, words):
 def test_config_file_errors_name_the_file(tmp_path):
     cfg = tmp_path / "bad.py"
     cfg.write_text("batch_sise = 3\n")
-    with pytest.raises(UserError, match=r"unknown config key 'batch_sise' in .*bad\.py: did you mean batch_size\?$"):
+    with pytest.raises(UserError, match=r"unknown config key 'batch_sise' in .*bad\.py line 1: did you mean "
+                                        r"batch_size\?$"):
         configurator.apply(defaults(), [str(cfg)])
-    cfg.write_text("batch_size = '3'\n")
-    with pytest.raises(UserError, match=r"batch_size expects int, got '3' \(str\) from .*bad\.py"):
+    cfg.write_text("compile = False\nbatch_size = '3'\n")
+    with pytest.raises(UserError, match=r"batch_size expects int, got '3' \(str\) from .*bad\.py line 2: give a "
+                                        r"whole number$"):
         configurator.apply(defaults(), [str(cfg)])
+
+
+@pytest.mark.parametrize("text, words", [
+    # YAML: Python reads `key: value` as an annotation, which sets nothing; even a value that is no Python
+    ("batch_size: 16\n", ["bad.cfg line 1: `batch_size: 16` sets nothing", "not YAML): write batch_size = 16"]),
+    ("compile = False\nout_dir: out-test\n", ["line 2: `out_dir: out-test`", "write out_dir = out-test"]),
+    ("if True:\n    batchsize: 16\n", ["line 2: `batchsize: 16` sets nothing", "write batch_size = 16"]),
+    ("nothing_like_a_setting: 3\n", ["unknown config key 'nothing_like_a_setting' in", "bad.cfg line 1"]),
+    ("import math\n_x = 3\n", ["config file", "bad.cfg sets no setting", "batch_size = 16"]),  # sets nothing at all
+    ("# batch_size = 3\n", ["bad.cfg sets no setting"]),
+    ("import math\nbatch_size = 3\ndef compile():\n    return False\n", ["compile expects bool", "(function) from",
+                                                                       "bad.cfg line 3: give True or False"]),
+    ("batch_size = 3\ncompile = false\n", ["bad.cfg failed at line 2: NameError", "write False"]),
+    ("dataset = shakespeare_char\n", ["line 1", "text in a config file is quoted: 'shakespeare_char'"]),
+    ("compile: false\nout_dir: c:/runs\n", ["bad.cfg is not valid Python at line 2", "key = value"]),
+])
+def test_a_config_file_that_sets_nothing_says_where_and_the_fix(tmp_path, text, words):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text(text)
+    with pytest.raises(UserError) as e:
+        configurator.apply(defaults(), [str(cfg)])
+    assert "\n" not in str(e.value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_files_and_flags_take_the_same_values_alike(tmp_path):
+    """A value reads the same from a config file and from a flag: an integral float is an int setting's whole
+    number (--max_iters=1e3), a fraction is refused in one line naming the source; an unknown name is an error
+    either way, with the setting meant."""
+    cfg = tmp_path / "c.py"
+    for value, expected in (("1e3", 1000), ("2000.0", 2000), ("7", 7)):
+        cfg.write_text(f"batch_size = {value}\n")
+        from_file, from_flag = defaults(), defaults()
+        configurator.apply(from_file, [str(cfg)])
+        configurator.apply(from_flag, [f"--batch_size={value}"])
+        assert from_file["batch_size"] == from_flag["batch_size"] == expected
+        assert type(from_file["batch_size"]) is type(from_flag["batch_size"]) is int
+    for value in ("1.5", "1e400", "True"):
+        cfg.write_text(f"batch_size = {value}\n")
+        with pytest.raises(UserError, match=r"^batch_size expects .* from .*c\.py line 1"):
+            configurator.apply(defaults(), [str(cfg)])
+        with pytest.raises(UserError, match=rf"^batch_size expects .* from --batch_size={value}"):
+            configurator.apply(defaults(), [f"--batch_size={value}"])
+    with pytest.raises(UserError, match="batch_size expects int, got 1.5 .float. from --batch_size=1.5: give a whole"):
+        configurator.apply(defaults(), ["--batch_size=1.5"])
+    cfg.write_text("batchsize = 3\n")
+    for args in ([str(cfg)], ["--batchsize=3"]):
+        with pytest.raises(UserError, match="unknown config key 'batchsize' .*: did you mean batch_size"):
+            configurator.apply(defaults(), args)
+
+
+def test_the_overrides_are_echoed_by_source_where_they_differ_from_the_defaults(tmp_path, capsys):
+    cfg = tmp_path / "c.py"
+    cfg.write_text("batch_size = 32\nout_dir = 'out-c'\ncompile = True\nlearning_rate = 1e-3\n")
+    config = configurator.apply(defaults(), [str(cfg), "--learning_rate=2e-3", "--dataset=shakespeare_char"])
+    # compile=True is the default: given, not echoed; learning_rate: the flag's value, under the flags
+    assert capsys.readouterr().out.splitlines() == [
+        f"config from {cfg}: batch_size=32 out_dir='out-c'",
+        "config from flags: learning_rate=0.002 dataset='shakespeare_char'"]
+    assert config.given == {"batch_size", "out_dir", "compile", "learning_rate", "dataset"}
+    assert config.set_by()["learning_rate"] == "flags" and config.set_by()["compile"] == str(cfg)
+    configurator.apply(defaults(), [])
+    assert capsys.readouterr().out == ""  # nothing given, nothing said
 
 
 def test_a_typo_is_answered_with_the_setting_meant_among_every_section():

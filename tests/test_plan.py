@@ -101,6 +101,27 @@ def test_a_pretrained_model_keeps_its_architecture_but_may_be_cropped():
         make(given(init_from='gpt2', zero_init_proj=True), src)
 
 
+def test_heads_that_do_not_divide_the_width_are_named_as_given_with_the_fix():
+    """The error names the setting the user gave (n_head), never n_kv_head's value derived from it."""
+    scratch = plan.Source('scratch')
+    with pytest.raises(UserError) as e:
+        make(given(init_from='scratch', n_head=3, n_embd=32), scratch)
+    assert str(e.value) == ("n_head=3 does not divide n_embd=32: give an n_head that does (e.g. 2 or 4) or an n_embd "
+                            "that 3 divides")
+    with pytest.raises(UserError, match=r"^n_kv_head=5 does not divide n_head=4: give an n_kv_head that does, or 0"):
+        make(given(init_from='scratch', n_head=4, n_embd=32, n_kv_head=5), scratch)
+
+
+def test_the_config_line_says_what_the_plan_decided_and_where_every_setting_is():
+    config = given(learning_rate=1e-3)
+    line = plan.config_line(make(config), config)
+    # the checkpoint's model, not train.py's defaults; the learning_rate given is the run's: not repeated
+    assert line == ("config: block_size=64 n_layer=2 n_head=2 n_embd=64 n_kv_head=2 mlp_hidden=256 (as the run plan "
+                    "decided; every setting: the plan row of out-plan-test-does-not-exist/log.jsonl)")
+    config = given(eval_only=True, n_layer=2, n_head=2, n_embd=64, block_size=64, n_kv_head=2, mlp_hidden=256)
+    assert plan.config_line(make(config), config) == "config: as given (as the run plan decided)"  # no log
+
+
 def test_the_plan_is_frozen_and_records_as_plain_data():
     p = make(given())
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -75,3 +75,86 @@ def test_sample_settings_that_do_nothing_are_named():
         "out_dir='out' does nothing here: init_from='gpt2' loads that model, not out_dir's checkpoint",
         "top_k=200 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn",
         "top_p=1.0 does nothing here: temperature=0 decodes greedily (the likeliest token), so no token is drawn"]
+
+
+def other_values(value):
+    """Values of a setting's type besides its default: where a rule that makes another setting do nothing is
+    looked for."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, (int, float)):
+        return [type(value)(v) for v in (0, -1, 1, 4096) if v != value]
+    return ['', 'x', 'resume', 'muon', 'constant', 'wsd', 'blocks']
+
+
+def inert_runs(declared, base):
+    """{setting: [(the settings of a run where it does nothing, why)]} for every declaration with an `unused`
+    rule: the defaults, then each other setting changed to each of other_values."""
+    runs = {}
+    for key, s in declared.items():
+        if s.unused is None:
+            continue
+        tries = [base] + [{**base, other: v} for other in base if other != key for v in other_values(base[other])]
+        for values in tries:
+            try:
+                why = s.unused(values)
+            except (KeyError, TypeError, ValueError):  # a value the rule cannot read: not a run
+                continue
+            if why:
+                runs.setdefault(key, []).append((values, why))
+    return runs
+
+
+def test_every_unused_rule_names_its_setting_in_a_run_it_cannot_act_in(tmp_path):
+    """Generated from the declarations: every setting of train.py with an `unused` rule, given in a run the
+    rule says it does nothing in, is named in one of the run plan's notes (or its error)."""
+    from conftest import tiny
+
+    from gpt.runtime.errors import UserError
+    from gpt.training import plan
+    base = {**{k: s.default for k, s in TRAIN.items()}, **tiny(), 'out_dir': str(tmp_path / 'out'), 'max_iters': 20}
+    runs = inert_runs(TRAIN, base)
+    ruled = [k for k, s in TRAIN.items() if s.unused is not None]
+    assert {'dataset', 'always_save_checkpoint', 'keep_checkpoints', 'compile_scope', 'muon_lr'} <= set(ruled)
+    assert sorted(runs) == sorted(ruled), "a rule that no run makes true"
+    for key in ruled:
+        said = []
+        for values, why in runs[key]:
+            config = configurator.Config(values, {key}, TRAIN)
+            try:
+                plan.check_settings(config)
+                run = plan.decide(config, plan.Source('scratch'), None, 1, 'cpu', 'float32',
+                                  data=(str(tmp_path), 'the data', ''))
+            except UserError as e:  # the run is refused: the settings that made it so are named there
+                said.append(str(e))
+                continue
+            assert f"{key}={values[key]!r} does nothing here: {why}" in run.notes
+            said.append("noted")
+            break
+        assert "noted" in said or any(line.startswith(f"{key}=") for line in said), (key, said[:3])
+
+
+def test_every_unused_rule_of_sample_py_is_said():
+    base = {k: s.default for k, s in SAMPLE.items()}
+    runs = inert_runs(SAMPLE, base)
+    assert set(runs) == {k for k, s in SAMPLE.items() if s.unused is not None} >= {'top_k', 'top_p', 'out_dir'}
+    for key, found in runs.items():
+        for values, why in found:
+            assert f"{key}={values[key]!r} does nothing here: {why}" in inert_sample(
+                configurator.Config(values, {key}, SAMPLE))
+
+
+def test_a_dataset_beside_a_data_dir_and_a_save_rule_beside_an_interval_are_named():
+    def notes(given, **values):
+        return inert(configurator.Config({**dict(dataset='openwebtext', data_dir='', checkpoint_interval=0,
+                                                 always_save_checkpoint=True), **values}, given))
+    # the data is data_dir's folder: a dataset of another name trains nothing, the record keeps it as a label
+    assert notes({"dataset", "data_dir"}, dataset='shakespeare_char', data_dir='/data/edu_fineweb10B') == [
+        "dataset='shakespeare_char' does nothing here: data_dir='/data/edu_fineweb10B' is the data trained on "
+        "(dataset only names it in the run's record)"]
+    assert notes({"dataset", "data_dir"}, dataset='fineweb', data_dir='/fast/disk/fineweb/') == []  # they agree
+    assert notes({"dataset"}, dataset='shakespeare_char') == []
+    assert notes({"always_save_checkpoint"}, checkpoint_interval=500) == [
+        "always_save_checkpoint=True does nothing here: checkpoint_interval=500 saves every N steps, not after each "
+        "evaluation"]
+    assert notes({"always_save_checkpoint"}, always_save_checkpoint=False) == []

@@ -139,3 +139,32 @@ def test_a_second_hangup_is_no_second_request_and_nohup_is_kept(capsys):
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_the_start_echoes_what_was_set_where_in_a_few_lines_and_the_log_keeps_every_setting(data_dir, tmp_path):
+    """nanoGPT echoes the overrides: here one line for the config file and one for the flags, each setting that
+    differs from its default under the file or flag that gave it its value, then the `config:` line of what the
+    run plan decided (the whole config is log.jsonl's plan row)."""
+    from conftest import train_settings
+    cfg = tmp_path / "tiny_config.py"
+    cfg.write_text("n_layer = 1\nn_head = 2\nn_embd = 32\nblock_size = 16\nlearning_rate = 1e-2\ncompile = True\n"
+                   "warmup_iters = 1\nlr_decay_iters = 2\n")
+    out = tmp_path / "out"
+    flags = ["--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=2", "--compile=False",
+             "--device=cpu", "--dataset=tiny", f"--data_dir={data_dir}", f"--out_dir={out}", "--learning_rate=5e-3",
+             "--max_iters=2e0"]  # 2e0: an integral float is a whole number of steps
+    r = subprocess.run([sys.executable, "train.py", str(cfg), *flags], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [line for line in r.stdout.splitlines() if line.startswith("config")]
+    assert said == [
+        f"config from {cfg}: n_layer=1 n_head=2 n_embd=32 block_size=16 warmup_iters=1 lr_decay_iters=2",
+        f"config from flags: batch_size=4 gradient_accumulation_steps=1 eval_iters=2 compile=False device='cpu' "
+        f"dataset='tiny' data_dir='{data_dir}' out_dir='{out}' learning_rate=0.005 max_iters=2",
+        f"config: dtype='float32' n_kv_head=2 mlp_hidden=128 (as the run plan decided; every setting: the plan row "
+        f"of {out}/log.jsonl)"], r.stdout[:3000]
+    assert f"\nnote: dataset='tiny' does nothing here: data_dir='{data_dir}' is the data trained on" in r.stdout
+    plan_row = read_log(out)[0]
+    assert plan_row["kind"] == "plan" and set(plan_row["settings"]) == set(train_settings())
+    assert plan_row["settings"]["learning_rate"] == 5e-3 and plan_row["settings"]["max_iters"] == 2
+    assert [row["step"] for row in read_log(out) if row["kind"] == "train"] == [0, 1]

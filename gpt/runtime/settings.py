@@ -13,6 +13,7 @@ value is the default and the comment its documentation:
 A feature declares its settings beside its code as a dict of name -> Setting (gpt/optim/muon.py's SETTINGS),
 which the script hands to the configurator. Adding a setting to a feature is its declaration and its use.
 """
+import os
 import re
 from dataclasses import dataclass
 
@@ -55,6 +56,20 @@ def greedy(c):
 
 def not_resumed(c):
     return c['init_from'] != 'resume' and f"init_from={c['init_from']!r} loads that model, not out_dir's checkpoint"
+
+
+def label_only(c):
+    """When train.py's dataset does nothing: data_dir names the folder; a dataset of another name only labels it."""
+    folder = os.path.basename(os.path.normpath(c['data_dir'])) if c['data_dir'] else c['dataset']
+    return folder != c['dataset'] and (f"data_dir={c['data_dir']!r} is the data trained on (dataset only names it "
+                                       f"in the run's record)")
+
+
+def by_interval(c):
+    """When always_save_checkpoint does nothing: checkpoint_interval other than 0 decides when to save."""
+    n = c['checkpoint_interval']
+    return n != 0 and (f"checkpoint_interval={n} " + ("saves every N steps" if n > 0 else "saves no checkpoints")
+                       + ", not after each evaluation")
 
 
 # bench.py's lists of batch sizes

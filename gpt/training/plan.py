@@ -262,6 +262,14 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
                    earlier_run=earlier, notes=tuple(notes), settings=MappingProxyType(settings_))
 
 
+def config_line(run, config):
+    """train.py's `config:` line: the settings the plan made other than the defaults, config files and flags gave
+    them (the configurator said what those set), and where every setting is kept."""
+    decided = " ".join(f"{k}={v!r}" for k, v in run.settings.items() if k in config and v != config[k])
+    kept = f"; every setting: the plan row of {os.path.join(run.out_dir, 'log.jsonl')}" if run.writes else ""
+    return f"config: {decided or 'as given'} (as the run plan decided{kept})"
+
+
 def started(src, tokens_per_iter):
     """(step, tokens trained on) where the run starts: 0 for a new one; a checkpoint's count, or for one that
     does not record it (older ones, nanoGPT's), its steps at the rate its run recorded (else this run's)."""
