@@ -24,6 +24,7 @@ from gpt.data import check_output_file, find_dataset, list_shards, open_shard, o
 from gpt.data.loader import check_ids, check_split
 from gpt.optim import muon
 from gpt.runtime import errors, hardware, settings
+from gpt.runtime.files import atomic_write
 from gpt.runtime.settings import BATCH_LIST, FRACTION, NOT_NEGATIVE, POSITIVE, SEED, Setting, at_least
 from gpt.training import stepgraph
 from gpt.training.step import set_lr, train_step
@@ -70,7 +71,23 @@ config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), {**mu
     muon.SETTINGS['muon_shard'], unused=lambda c: c['optimizer'] == 'muon' and "bench.py runs one process")})
 settings.check(config, config.declared)  # values that are the right type but make no sense: one line each
 optim.check(optimizer, 'none')
-for line in settings.notes(config, config.declared):
+
+
+def listed(sizes):
+    return [int(b) for b in sizes.split(',') if b.strip()]
+
+
+if not listed(batch_sizes) and not listed(gen_batch_sizes):
+    raise errors.UserError("batch_sizes and gen_batch_sizes are both empty, so there is nothing to benchmark: give "
+                           "micro-batch sizes to time (--batch_sizes=12,32), generation batch sizes "
+                           "(--gen_batch_sizes=1,10), or both")
+# settings only one of the two benchmarks uses: a note when one is given and that benchmark's list is empty
+ONLY = {('batch_sizes', "no training step is timed"): ('optimizer', 'learning_rate', 'weight_decay', 'grad_clip',
+        'warmup_steps', 'timed_steps', 'fused_loss', 'cuda_graph', 'profile', 'peak_flops'),
+        ('gen_batch_sizes', "generation is not timed"): ('gen_tokens', 'top_k')}
+declared = {**config.declared, **{k: replace(config.declared[k], unused=lambda c, sizes=sizes, why=why: not listed(
+    c[sizes]) and f"{sizes} is empty: {why}") for (sizes, why), names in ONLY.items() for k in names}}
+for line in settings.notes(config, declared):
     print(f"note: {line}")
 
 
@@ -95,7 +112,7 @@ def real_tokens():
 
 # the results' files and the data are checked before the benchmark, not found wanting after it
 check_output_file(out_json, "--out_json")
-for B in [int(b) for b in batch_sizes.split(',') if b.strip()] if profile else []:
+for B in listed(batch_sizes) if profile else []:
     check_output_file(profile_path(B), "--out_json's profile file")
 data = real_tokens() if real_data else None
 # -----------------------------------------------------------------------------
@@ -142,7 +159,7 @@ def write_profile(B, step):
         sync()
     sort = 'self_cuda_time_total' if device_type == 'cuda' else 'self_cpu_time_total'  # kernels, not their callers
     path = profile_path(B)
-    with open(path, 'w') as f:
+    with atomic_write(path, 'w') as f:  # a link at the path is replaced, never written through
         f.write(prof.key_averages().table(sort_by=sort, row_limit=80, max_name_column_width=90))
     print(f"wrote {path} (3 steps)")
 
@@ -242,18 +259,19 @@ results = dict(card=card, torch=torch.__version__, git=git_revision(), config=co
 if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
-for B in [int(b) for b in batch_sizes.split(',') if b.strip()]:
+for B in listed(batch_sizes):
     r = bench_train(B)
     results['train'].append(r)
     print(f"train B={B}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s", flush=True)
-for B in [int(b) for b in gen_batch_sizes.split(',') if b.strip()]:
+for B in listed(gen_batch_sizes):
     r = bench_generate(B)
     results['generate'].append(r)
     print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)
 print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
       f"cuda_graph {cuda_graph}, git {results['git']}")
-print("| micro-batch | ms/step | tokens/s | MFU | peak memory |")
-print("| --- | --- | --- | --- | --- |")
+if results['train']:
+    print("| micro-batch | ms/step | tokens/s | MFU | peak memory |")
+    print("| --- | --- | --- | --- | --- |")
 for r in results['train']:
     mfu = f"{r['mfu'] * 100:.1f}%" if r['mfu'] is not None else "n/a"
     mem = f"{r['peak_mem_gib']:.1f} GiB" if r['peak_mem_gib'] is not None else "n/a"
@@ -265,7 +283,7 @@ if results['generate']:
         print(f"| {r['batch_size']} | {r['new_tokens']} | {r['tokens_per_s']:,.0f} | {r['cuda_graph']} "
               f"| {r['greedy_matches_uncached']} |")
 try:  # after the table, so that a write that fails anyway (a full disk) leaves the numbers on the screen
-    with open(out_json, 'w') as f:
+    with atomic_write(out_json, 'w') as f:
         json.dump(results, f, indent=1)
 except OSError as e:
     raise errors.UserError(f"could not write {out_json} ({e.strerror or e}); the results are the table above")

@@ -22,6 +22,7 @@ from gpt.hf import exportdir, model_card, to_hf, verify
 from gpt.hf.tokenizer import hf_tokenizer, save_tokenizer
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
@@ -99,7 +100,7 @@ def main(argv):
     with exportdir.writing(export_dir) as folder:  # in place only once written and checked
         hf_model.save_pretrained(folder)
         save_tokenizer(hf_tok, folder)
-        with open(os.path.join(folder, 'README.md'), 'w') as f:
+        with atomic_write(os.path.join(folder, 'README.md'), 'w', encoding='utf-8') as f:
             f.write(model_card(ckpt, hf_config, s['dtype']))
         stages.update()
         if s['verify']:

@@ -16,6 +16,7 @@ from gpt.data import check_output_file
 from gpt.monitor.trainlog import LOG_NAME, read_log
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
+from gpt.runtime.files import atomic_write
 
 # the values the panels plot; each is a number or null in a train or eval row (step and tokens always numbers)
 PLOTTED = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "train_loss", "val_loss", "hellaswag", "hellaswag_acc")
@@ -143,7 +144,8 @@ def main(argv):
     fig = figure(rows, os.path.basename(os.path.abspath(s['out_dir'])))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        fig.savefig(output, dpi=100)
+        with atomic_write(output) as f:  # a link at output is replaced, never written through
+            fig.savefig(f, format=os.path.splitext(output)[1][1:].lower(), dpi=100)
     except OSError as e:  # what no check can foresee: a full disk, a quota
         raise UserError(f"could not write {output} ({e.strerror or e})") from None
     print(f"wrote {output}")

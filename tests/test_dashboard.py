@@ -4,7 +4,7 @@ pointed at it: DNS rebinding), its port taken before it serves, a training proce
 page read the run's end before it goes, `python dashboard.py` on a run folder, and the page in a real browser
 (headless Chromium through playwright) during a CPU training run with dashboard=True: its charts show the
 run's points and grow as training goes on, and it shows the run's end. The screenshot is kept as a test
-artifact, in $TEST_ARTIFACTS or else out-test-artifacts/ at the top of the repository.
+artifact in $TEST_ARTIFACTS where that is set (CI), else only in the test's tmp_path: never in the checkout.
 """
 import json
 import os
@@ -27,7 +27,7 @@ from gpt.monitor.trainlog import read_log
 from gpt.runtime.errors import UserError
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARTIFACTS = os.environ.get("TEST_ARTIFACTS") or os.path.join(ROOT, "out-test-artifacts")
+ARTIFACTS = os.environ.get("TEST_ARTIFACTS")
 # goes on until the test stops it (SIGTERM: checkpoint and exit), however fast or slow this machine is
 TRAIN = tiny(batch_size=8, eval_interval=20, log_interval=5, warmup_iters=10, lr_decay_iters=1000, max_iters=100000,
              sample_interval=20, num_samples_train=2, sample_max_tokens=24, sample_prompt="ROMEO:")
@@ -242,10 +242,13 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
     sync_playwright = browser_or_skip()
     from test_plot import write_log
     write_log(tmp_path)
-    with open(tmp_path / "log.jsonl", "a") as f:
+    with open(tmp_path / "log.jsonl", "a") as f:  # the last step is an evaluation, no train row (log_interval)
+        f.write(json.dumps({"kind": "eval", "step": 201, "tokens": 201 * 512, "time": 20.1, "val_loss": 1.5}) + "\n")
         f.write(json.dumps({"kind": "end", "step": 201, "tokens": 201 * 512, "time": 20.1, "stopped": False}) + "\n")
     (tmp_path / "quiet").mkdir()
     write_log(tmp_path / "quiet")  # no end row, and quiet for an hour: crashed or killed
+    with open(tmp_path / "quiet" / "log.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "eval", "step": 205, "tokens": 205 * 512, "time": 20.5, "val_loss": 1.5}) + "\n")
     os.utime(tmp_path / "quiet" / "log.jsonl", (0, os.path.getmtime(tmp_path / "quiet" / "log.jsonl") - 3600))
     servers = [dashboard.start_dashboard(tmp_path, 0), dashboard.start_dashboard(tmp_path / "quiet", 0)]
     try:
@@ -257,6 +260,7 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
             page.goto(dashboard.url(servers[0]))
             page.wait_for_function("document.body.dataset.status === 'ended'", timeout=30000)
             assert page.inner_text("#status") == "finished: 201 steps, 103k tokens"
+            assert page.title().endswith(": step 201")  # the run's last step, not its last train row's (200)
             # every chart inside the 420 px window, nothing to scroll sideways
             assert page.evaluate("document.documentElement.scrollWidth") <= 420
             rights = page.evaluate("[...document.querySelectorAll('.card canvas, .card .u-legend')]"
@@ -265,6 +269,7 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
             page.goto(dashboard.url(servers[1]))
             page.wait_for_function("document.body.dataset.status === 'stale'", timeout=30000)
             assert page.inner_text("#status").startswith("no new log rows for 60 min")
+            assert page.title().endswith(": step 205")  # its last evaluation, after its last train row
             assert failed == []  # the favicon too
             browser.close()
         assert get(dashboard.url(servers[0]) + "favicon.ico") == b""
@@ -314,10 +319,11 @@ def test_live_page_in_headless_chromium(char_data, tmp_path):
             samples = page.inner_text("#samples")
             assert "ROMEO:" in samples
             page.wait_for_function(f"+document.body.dataset.trainRows > {train_rows}", timeout=60000)  # still live
-            os.makedirs(ARTIFACTS, exist_ok=True)
             shot = tmp_path / "dashboard.png"
             page.screenshot(path=str(shot), full_page=True)
-            shutil.copy(shot, os.path.join(ARTIFACTS, "dashboard.png"))
+            if ARTIFACTS:
+                os.makedirs(ARTIFACTS, exist_ok=True)
+                shutil.copy(shot, os.path.join(ARTIFACTS, "dashboard.png"))
             assert shot.stat().st_size > 10000
             proc.send_signal(signal.SIGTERM)  # finish the step, checkpoint, exit
             proc.wait(timeout=60)

@@ -183,3 +183,21 @@ def test_a_hard_linked_log_becomes_the_runs_own(tmp_path, capsys):
     assert [row["kind"] for row in read_log(copy)] == ["train", "end"]  # the copy's log as it was
     assert [row["step"] for row in read_log(out)] == [0, 1] and os.stat(out / "log.jsonl").st_nlink == 1
     assert "was one of 2 names of a file (hard links); this run writes to a copy of its own" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tail", ["", '{"kind": "train", "st'], ids=["whole-rows", "cut-off-row"])
+def test_a_log_shorter_than_the_checkpoints_position_is_never_padded(tmp_path, capsys, tail):
+    # the log lost rows since the checkpoint (cut or replaced by hand): its whole rows stay, a cut-off last line
+    # goes (the next row starts a line of its own), no NUL bytes, and a note says so
+    kept = rows_of({"kind": "plan", "step": 0}, {"kind": "train", "step": 0})
+    (tmp_path / "log.jsonl").write_text(kept + tail)
+    log = TrainLog(tmp_path)
+    log.resume_at(len(kept) + len(tail) + 5000)
+    log.write(kind="train", step=7)
+    data = (tmp_path / "log.jsonl").read_bytes()
+    assert b"\0" not in data and data.decode() == kept + rows_of({"kind": "train", "step": 7})
+    cut = f", and its cut-off last line ({len(tail)} bytes) dropped" if tail else ""
+    assert capsys.readouterr().out == (
+        f"note: {tmp_path / 'log.jsonl'} is {len(kept) + len(tail):,} bytes, shorter than the "
+        f"{len(kept) + len(tail) + 5000:,} it held when the checkpoint was saved: it lost rows since; its 2 whole "
+        f"rows are kept{cut}, and this run's rows follow them, so the steps in between have no rows\n")

@@ -25,7 +25,7 @@ from gpt.data import DTYPES, sources
 from gpt.data.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
-from gpt.runtime.files import atomic_path
+from gpt.runtime.files import atomic_path, atomic_write
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,7 +103,7 @@ def encode_text(text):
 def stream_tokens(stream, path):
     """Tokenize a stream of documents in order into path; the token count of each document."""
     lengths = []
-    with open(path, "wb") as f, multiprocessing.Pool(args.num_proc) as pool:
+    with atomic_write(path) as f, multiprocessing.Pool(args.num_proc) as pool:
         texts = (row[args.text_column] for row in stream)
         for ids in tqdm(pool.imap(encode_text, texts, chunksize=16), desc="tokenizing", unit="doc", disable=None):
             f.write(ids.tobytes())
@@ -136,10 +136,9 @@ if args.streaming:
         starts = np.concatenate([[0], np.cumsum(lens)])
         order = orders[split]
         filename = os.path.join(args.out_dir, f"{split}.bin")
-        with atomic_path(filename) as tmp:
-            with open(tmp, "wb") as f:
-                for i in order:
-                    f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
+        with atomic_write(filename) as f:
+            for i in order:
+                f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
         written[split] = int(lens[order].sum())
         del docs
     for path, _ in streamed.values():

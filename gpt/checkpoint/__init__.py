@@ -90,12 +90,13 @@ def keep_numbered_copy(path, iter_num, keep):
     """Besides ckpt.pt, keep the last `keep` checkpoints as ckpt-<iter>.pt (hard links: no extra disk)."""
     copy = os.path.join(os.path.dirname(path), f"ckpt-{iter_num:07d}.pt")
     try:
-        if os.path.exists(copy):
+        if os.path.lexists(copy):  # a link there too (even one to nothing): removed, never written through
             os.remove(copy)
         try:
             os.link(path, copy)
         except OSError:  # file systems without hard links
-            shutil.copyfile(path, copy)
+            with open(path, "rb") as src, atomic_write(copy) as dst:
+                shutil.copyfileobj(src, dst)
     except OSError as e:
         print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")
         return

@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager, suppress
 
 from gpt.runtime.errors import UserError
-from gpt.runtime.files import nearest_existing
+from gpt.runtime.files import atomic_write, give_files_their_mode, nearest_existing, new_folder
 
 MARKER = "nanogpt_export.json"
 HASHED_UP_TO = 64 << 20  # bytes: larger files (the weights) are recognised by their size, not read again
@@ -112,7 +112,7 @@ def check_space(export_dir, nbytes):
 
 def _write_marker(folder):
     files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
-    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+    with atomic_write(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
         json.dump({"written_by": "export.py", "files": files}, f, indent=1)
         f.write("\n")
 
@@ -139,7 +139,8 @@ WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 @contextmanager
 def writing(export_dir):
     """`with writing(export_dir) as folder:` write the export into `folder`, a new one beside export_dir
-    (its missing parents made); when the block ends without an error, MARKER is added and the folder
+    (its missing parents made; files.new_folder: nothing in it is a link); when the block ends without an
+    error, every file gets open()'s mode, MARKER is added and the folder
     replaces export_dir. On an error it is removed, with the parents made for it, and export_dir is left
     as it was; a failure to write is one UserError line."""
     path = os.path.abspath(export_dir)
@@ -152,11 +153,9 @@ def writing(export_dir):
             parent = os.path.dirname(parent)
         for d in made:
             os.mkdir(d)
-        folder = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(folder, 0o777 & ~umask)  # mkdtemp makes it private; give it the permissions mkdir would
+        folder = new_folder(path)
         yield folder
+        give_files_their_mode(folder)  # safetensors makes the weights private; every file as open() makes it
         _write_marker(folder)
         _swap(folder, path)
     except BaseException as e:

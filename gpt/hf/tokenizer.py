@@ -9,6 +9,7 @@ import os
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from gpt.data.tokenizer import GPT2_EOT, gpt2_encoding
+from gpt.runtime.files import atomic_write
 
 
 def gpt2_bpe_vocab_merges():
@@ -119,5 +120,5 @@ def _rewrite_json(path, change):
     with open(path, encoding="utf-8") as f:
         content = json.load(f)
     change(content)
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w", encoding="utf-8") as f:
         json.dump(content, f, indent=2, ensure_ascii=False)

@@ -69,6 +69,9 @@ class TrainLog:
         except OSError as e:
             raise UserError(f"cannot resume the log {self.path} ({e.strerror or e}): put the run's own log there")
         with os.fdopen(fd, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < position:  # never truncate() past the end: that pads the log with NUL bytes
+                return self.shorter_than(f, size, position)
             f.seek(position)
             dropped = f.read().splitlines()
             f.truncate(position)
@@ -78,6 +81,18 @@ class TrainLog:
             what = f"step {min(steps):,}" if len(steps) == 1 else f"steps {min(steps):,}-{max(steps):,}"
             print(f"log: {what} ran after the checkpoint and run{'s' * (len(steps) == 1)} again: dropped "
                   f"{len(dropped)} rows of {self.path} written after it")
+
+    def shorter_than(self, f, size, position):
+        """The log lost rows since the checkpoint was saved (cut, replaced or edited by hand): keep its whole
+        rows, drop a cut-off last line so that the next row starts a line of its own, and say so."""
+        f.seek(0)
+        data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        f.truncate(len(whole))
+        cut = f", and its cut-off last line ({size - len(whole)} bytes) dropped" if len(whole) < size else ""
+        print(f"note: {self.path} is {size:,} bytes, shorter than the {position:,} it held when the checkpoint "
+              f"was saved: it lost rows since; its {len(parse_rows(whole.splitlines())):,} whole rows are kept"
+              f"{cut}, and this run's rows follow them, so the steps in between have no rows")
 
     def write(self, **row):
         if not self.enabled:

@@ -17,6 +17,8 @@ import signal
 import sys
 import time
 
+from gpt.runtime.files import atomic_write
+
 # only the standard library's small modules here: the scripts import this module first, before torch, so
 # that Ctrl-C while torch loads is already the short line
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
@@ -70,7 +72,7 @@ def _torchrun_report(line):
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         try:
-            with open(error_file, "w") as f:
+            with atomic_write(error_file, "w") as f:
                 # the layout torchrun's own @record writes, which its summary shows as the "traceback"
                 json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
                                                                       "timestamp": str(int(time.time()))}}}, f)

@@ -1,9 +1,16 @@
 """
-Atomic file writes: write to a new temporary file in the same folder, fsync, then rename over `path`.
-A crash, a kill -9 or a full disk mid-write leaves the old file (or none), never a valid-looking half file.
-Never through a link: mkstemp makes the temporary file new (O_EXCL), its mode is set through its descriptor,
-and the rename replaces whatever is at `path` (a symbolic link, one name of a hard-linked file) without
-touching the file that link pointed to.
+The one rule for every file the project writes (docs/checkpoints.md#links): write to a new temporary file in
+the same folder, fsync, then rename over `path`. A crash, a kill -9 or a full disk mid-write leaves the old
+file (or none), never a valid-looking half file. Never through a link: mkstemp makes the temporary file new
+(O_EXCL), its mode is set through its descriptor, and the rename replaces whatever is at `path` (a symbolic
+link, one name of a hard-linked file) without touching the file that link pointed to.
+
+    atomic_write(path)      a file object (torch.save, json.dump, savefig(f, format=...))
+    atomic_path(path)       a temporary name, for writers that need one (np.memmap)
+    new_folder(path)        a new folder beside `path`, for writers of whole folders (save_pretrained)
+
+An appended file (log.jsonl) cannot be replaced at every row: it is opened with O_NOFOLLOW instead
+(gpt/monitor/trainlog.py). tests/test_file_safety.py scans the shipped code for writers that do neither.
 """
 import os
 import tempfile
@@ -11,10 +18,11 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def atomic_write(path, mode="wb", before_replace=None):
+def atomic_write(path, mode="wb", before_replace=None, encoding=None):
     """`with atomic_write(path) as f: f.write(...)` - the file appears at `path` only when complete."""
     with _temporary(path, before_replace) as (fd, _):
-        with os.fdopen(os.dup(fd), mode) as f:  # the file mkstemp made, not whatever is at its name now
+        # the file mkstemp made, not whatever is at its name now
+        with os.fdopen(os.dup(fd), mode, encoding=encoding) as f:
             yield f
 
 
@@ -31,13 +39,11 @@ def atomic_path(path, before_replace=None):
 def _temporary(path, before_replace):
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
         try:
             yield fd, tmp
             os.fsync(fd)  # through mkstemp's descriptor: the writer's own may be closed by now (a memmap's is)
-            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes the file private; give it the mode open() would
+            os.fchmod(fd, file_mode())  # mkstemp makes the file private; give it the mode open() would
         finally:
             os.close(fd)
         if before_replace is not None:
@@ -55,6 +61,30 @@ def _temporary(path, before_replace):
             os.close(dfd)
     except OSError:
         pass  # some file systems cannot fsync a folder; the rename is still atomic
+
+
+def file_mode(folder=False):
+    """The mode open() (or, folder=True, mkdir) gives a new file under the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if folder else 0o666) & ~umask
+
+
+def new_folder(path):
+    """A new, empty folder beside `path` (hidden, named after it), with the mode mkdir would give: whatever
+    is written into it is new, never through a link, until the caller renames the folder into place."""
+    folder = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
+    os.chmod(folder, file_mode(folder=True))  # mkdtemp makes it private
+    return folder
+
+
+def give_files_their_mode(folder):
+    """Every file in `folder` (a new_folder a library wrote into) gets the mode open() would give it: some
+    writers (safetensors) make theirs private."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.chmod(path, file_mode())
 
 
 def nearest_existing(path):

@@ -117,6 +117,13 @@ function redraw() {
   body.samplesStep = samples ? samples.step : "";
 }
 
+// the furthest step the log has reached: the end row's, else the last train or eval row's. Not the last train
+// row alone: train rows come every log_interval steps, and the last step is an evaluation (or the end) only
+function latestStep() {
+  const steps = [rows.train.at(-1)?.step, rows.eval.at(-1)?.step, ended?.step].filter(s => s != null);
+  return steps.length ? Math.max(...steps) : null;
+}
+
 async function poll() {
   const status = document.getElementById("status");
   try {
@@ -138,7 +145,7 @@ async function poll() {
       if (!answer.more) break;
     }
     if (changed) redraw();
-    document.title = `${document.getElementById("run").textContent}: step ${rows.train.at(-1)?.step ?? "-"}`;
+    document.title = `${document.getElementById("run").textContent}: step ${latestStep() ?? "-"}`;
     if (ended) {
       status.textContent = ended.stopped ? `stopped at step ${ended.step} (init_from=resume goes on)`
                                          : `finished: ${ended.step} steps, ${compact(ended.tokens)} tokens`;
