@@ -490,5 +490,5 @@ def test_quickstart_config_works_from_any_folder(tmp_path):
                         "--dataset=no_such_dataset", f"--out_dir={tmp_path / 'out'}"], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "dataset = 'shakespeare_char'" in r.stdout  # the file it reads beside itself was read
+    assert "wandb_project='shakespeare-char'" in r.stdout  # the file it reads beside itself was read
     assert "dataset 'no_such_dataset' not found" in r.stderr.strip().splitlines()[-1]
