@@ -132,9 +132,10 @@ if run.torchrun:
 def loader(split, stream):
     """Sequential over shards, or random windows of train.bin/val.bin; checks the files first: every id within
     the dataset's vocabulary (which the model's holds)."""
-    return make_loader(run.data_dir, split, run.micro_batch, run.block_size, run.device, run.vocab_size,
-                       run.token_dtype, run.seed, run.rank, run.world_size, stream, run.prepare_hint,
-                       micro_steps=run.micro_steps if stream == 0 else 1)
+    train = stream == 0  # an evaluation's batches are one process's on every rank (gpt/training/evaluation.py)
+    return make_loader(run.data_dir, split, run.micro_batch if train else run.eval_batch, run.block_size, run.device,
+                       run.vocab_size, run.token_dtype, run.seed, run.rank * train, run.world_size if train else 1,
+                       stream, run.prepare_hint, run.micro_steps if train else 1)
 
 
 train_loader = loader('train', stream=0)
@@ -218,11 +219,12 @@ def evaluate(due):
     """The losses (and HellaSwag) that are due, printed and logged; returns them."""
     row = {}
     if due.loss:
-        losses = evaluation.estimate_loss(model, lambda split: loader(split, stream=1), run.eval_iters, ctx, run.device)
+        losses = evaluation.estimate_loss(model, lambda split: loader(split, stream=1), run.eval_iters, ctx, run.device,
+                                          stop=stop.check)  # a signal abandons it: checkpoint, exit
         row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
     if due.hellaswag:
         hs = hellaswag_eval.evaluate(eval_model, hellaswag_examples, tokenizer, run.device, ctx, run.rank,
-                                     run.world_size, progress=True)  # a bar on rank 0, when it writes to a terminal
+                                     run.world_size, progress=True, stop=stop.check)  # a bar on rank 0
         row.update(hellaswag=hs['acc_norm'], hellaswag_acc=hs['acc'])
     if run.master:
         print(f"step {iter_num}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in row.items())
@@ -241,14 +243,26 @@ def micro_batches():
         yield batch
 
 
-def finish():
-    """The end of a run, stopped or done: the page reads the last rows, the process group goes."""
+def finish(stopped=False):
+    """The end of a run, done or stopped by a signal (between steps or in an evaluation, abandoned: iter_num's state
+    saved as it is, then exit): the totals, the page reads the last rows, the process group goes."""
+    saved = stopped and run.writes and save()  # eval_only writes nothing
+    good = saver.good[0] if saver.good and (saved or not stopped) else None  # a failed save is not resumed from
+    log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
+            stopped, best_val_loss=best_val_loss if best_val_loss < 1e9 else None, checkpoint=good,
+            next_command=f"python sample.py --out_dir={run.out_dir}" if good and not stopped else None)
+    if stopped and run.master and run.writes:
+        print(f"stopped at iteration {iter_num}; " + (
+            f"continue with the same command plus --init_from=resume (and --out_dir={run.out_dir})" if saved else
+            f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
     if dashboard is not None:
         dashboard.finish()  # a page that is open reads the run's last rows before the server ends
     if run.torchrun:
         global model
         del model  # the DDP wrapper goes before the process group (gpt/runtime/distributed.py's finish says why)
         distributed.finish()
+    if stopped:
+        sys.exit(stop.exit_code)
 
 
 # logging
@@ -266,7 +280,7 @@ if dashboard is not None:
 # training loop
 if claim is not None:
     claim.settle()  # the run starts: from here on a failure leaves its files (and the earlier run's aside) be
-stop = StopRequest()  # SIGTERM / SIGINT / SIGHUP: finish the step, checkpoint, exit
+stop = StopRequest(run.device, then=lambda: finish(stopped=True))  # SIGTERM/SIGINT/SIGHUP: checkpoint and exit
 X, Y = train_loader.next_batch()  # fetch the very first batch
 t0 = time.time()
 local_iter_num = 0  # number of iterations in the lifetime of this process
@@ -283,6 +297,7 @@ while True:
     due = schedule.due(iter_num, run.max_iters, run.eval_only, run.init == 'resume' and iter_num == run.start_iter,
                        run.eval_interval, run.hellaswag_interval, run.sample_interval, run.tokens_per_iter,
                        run.ckpt_every_tokens, run.checkpoint_interval, tokens=run.tokens_at(iter_num))
+    eval_start = time.time()
     row = evaluate(due) if due.loss or due.hellaswag else {}
     if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved
         saver.record_eval(iter_num, row['val_loss'], best_val_loss)
@@ -301,7 +316,7 @@ while True:
     if run.eval_only or due.last:
         break
 
-    step_start = time.time()  # the step alone, without this iteration's evaluation (t0 counts both)
+    step_start = time.time()
     if local_iter_num == 0:  # where the time from launch to here went, on one line
         startup.part('first evaluation')  # and whatever else step 0 does before it trains (a save, samples)
         log.write(kind='startup', step=iter_num, **startup.row())
@@ -316,34 +331,17 @@ while True:
     grad_norm = float(grad_norm)  # the same on every rank
     nonfinite.check(grad_norm, iter_num, saver.last_good, run.master)
 
-    # timing and logging
+    # timing and logging: the step's time (tok/s, eta) leaves out this iteration's evaluation, saves and samples
     t1 = time.time()
-    dt = t1 - t0
-    t0 = t1
-    # the loss of the whole batch, every rank's micro-steps (a CPU-GPU sync point, so only when logging)
-    lossf = evaluation.all_ranks_mean(float(loss_sum), run.device) if iter_num % run.log_interval == 0 else None
-    if iter_num % run.log_interval == 0 and run.master:
-        meter.step(iter_num, local_iter_num, lossf, lr, grad_norm, dt, nonfinite.skipped, elapsed())
+    dt, t0 = t1 - t0 - (step_start - eval_start), t1
+    if iter_num % run.log_interval == 0:  # every rank: the loss is averaged over them (a CPU-GPU sync point)
+        meter.step(iter_num, local_iter_num, float(loss_sum), lr, grad_norm, dt, nonfinite.skipped, elapsed())
     if local_iter_num == 0 and run.master:  # a config far too big for this device: say so at once
         hardware.warn_if_slow(time.time() - step_start, run.max_iters - iter_num - 1, run.device_type)
     iter_num += 1
     local_iter_num += 1
 
-    # preemption: the step is done; checkpoint it and leave
-    if stop.requested(run.device):
-        saved = save()
-        log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(),
-                time.time() - _launch_time, stopped=True, best_val_loss=best_val_loss if best_val_loss < 1e9 else None,
-                checkpoint=saver.good[0] if saved else None)
-        if run.master:  # a skipped or failed save must not be taken for one that can be resumed
-            print(f"stopped at iteration {iter_num}; " + (
-                f"continue with the same command plus --init_from=resume (and --out_dir={run.out_dir})" if saved else
-                f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
-        finish()
-        sys.exit(stop.exit_code)
+    stop.check()  # preemption: the step is done; checkpoint it and leave
 
-log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
-        best_val_loss=best_val_loss if best_val_loss < 1e9 else None, checkpoint=saver.good[0] if saver.good else None,
-        next_command=f"python sample.py --out_dir={run.out_dir}" if saver.good else None)
 finish()
 saver.check_end()  # a run whose last save failed, or that ended diverged, does not end with status 0

@@ -289,3 +289,21 @@ def test_one_micro_step_is_shared_by_two_ranks_as_the_same_training(data_dir, tm
     wa = torch.load(one / "ckpt.pt", weights_only=True)["model"]
     assert_same_training(log_rows(two), log_rows(one), DDP_TINY["batch_size"] * DDP_TINY["block_size"],
                          sum(v.numel() for v in wa.values()))
+
+
+@pytest.mark.parametrize("dataset, parallelism, accumulation", [("windows", "ddp", 2), ("shards", "fsdp", 2),
+                                                                 ("windows", "ddp", 1)])
+def test_two_ranks_evaluate_what_one_process_does(data_dir, shards, tmp_path, dataset, parallelism, accumulation):
+    """The same weights (step 0's), the same losses on 1 and 2 processes: each rank evaluates its share of one
+    process's batches (gpt/training/evaluation.py), at one process's batch size also where training splits its
+    micro-batch over the ranks (gradient_accumulation_steps=1); eval_iters=3 does not divide by 2 (rank 1 runs
+    one uncounted batch more, so that FSDP's ranks run as many forwards). Before, each rank evaluated eval_iters
+    batches of its own: 2 ranks averaged other (and twice as many) batches."""
+    args = [f"--data_dir={data_dir if dataset == 'windows' else shards}",
+            *flags(**{**DDP_TINY, "gradient_accumulation_steps": accumulation, "max_iters": 0, "eval_iters": 3})]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run("train.py", f"--out_dir={one}", *args)
+    run("train.py", f"--out_dir={two}", *args, f"--parallelism={parallelism}", nproc=2)
+    (a,), (b,) = log_rows(one, "eval"), log_rows(two, "eval")
+    for split in ("train_loss", "val_loss"):
+        assert abs(a[split] - b[split]) <= 1e-6, (split, a[split], b[split])

@@ -246,3 +246,26 @@ def test_a_damaged_data_position_is_one_line(tmp_path):
                           (shards, {"shard": 0, "offset": 0, "epoch": 0, "shards": [3]})]:
         with pytest.raises(UserError, match="data position .* is not one the loaders write"):
             loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["shards", "windows"])
+def test_skip_passes_over_exactly_the_batch_next_batch_reads(tmp_path, kind):
+    """An evaluation under N processes reads one process's batches on every rank and skips the others' (gpt/
+    training/evaluation.py): skip() must land where next_batch() would, across shard ends and epochs too."""
+    from gpt.data.loader import RandomWindows
+    if kind == "shards":
+        paths = make_shards(tmp_path)
+        make = lambda: SequentialShards(paths, B, T, "cpu")
+    else:
+        path = tmp_path / "val.bin"
+        np.arange(5000, dtype=np.uint32).tofile(path)
+        make = lambda: RandomWindows(str(path), B, T, "cpu", "uint32", 3, stream=1)
+    n = 2 * sum((length - 1) // (B * T) for length in LENGTHS) + 3  # past two epochs of the shards
+    read = make()
+    every = [read.next_batch()[0] for _ in range(n)]
+    for world in (2, 3):
+        for rank in range(world):
+            loader = make()
+            mine = [loader.next_batch()[0] if k % world == rank else loader.skip() for k in range(n)]
+            for k in range(rank, n, world):
+                assert torch.equal(mine[k], every[k]), (world, rank, k)

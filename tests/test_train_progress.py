@@ -1,19 +1,21 @@
 """
-Progress where users wait: the BPE trainer's bars and the evaluation bar show on a terminal only; a config far
-too slow for its device gets one warning line after its first step.
+Progress where users wait: the BPE trainer's bars and the evaluation bar show on a terminal only (a line every
+few seconds elsewhere); the step line's elapsed time and eta, from step times that leave out evaluations; a
+config far too slow for its device gets one warning line after its first step.
 """
 import io
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, flags, log_rows, run, tiny
 
 from gpt.data.sources import write_meta, write_tokens
 from gpt.runtime import hardware
-from gpt.training import evaluation
+from gpt.training import evaluation, step
 
 
 class Terminal(io.StringIO):
@@ -57,6 +59,60 @@ def test_evaluation_bar_on_a_terminal_after_a_delay(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file: never
     evaluate()
     assert sys.stderr.getvalue() == ""
+
+
+def test_a_long_evaluation_prints_progress_lines_where_no_bar_shows(monkeypatch, capsys):
+    evaluate = lambda: evaluation.estimate_loss(Model(), lambda split: Batches(), 5, torch.no_grad(), "cpu")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file
+    evaluate()
+    assert capsys.readouterr().out == ""  # quick: no line
+    monkeypatch.setattr(evaluation, "EVAL_LINE_EVERY", 0)  # as if every batch took the interval
+    evaluate()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines] == [f"evaluating: {k}/10 batches" for k in range(1, 11)]
+    assert sys.stderr.getvalue() == ""
+    monkeypatch.setattr(sys, "stderr", Terminal())  # a terminal: the bar instead
+    evaluate()
+    assert capsys.readouterr().out == ""
+
+
+class Log:
+    def __init__(self):
+        self.rows = []
+
+    def write(self, **row):
+        self.rows.append(row)
+
+
+def test_the_step_line_says_elapsed_time_and_eta_from_the_mean_step_time(capsys):
+    run = SimpleNamespace(device="cpu", device_type="cpu", master=True, micro_batch=4, micro_steps=1, max_iters=100,
+                          tokens_per_iter=128, tokens_at=lambda n: 128 * n)
+    meter = step.StepMeter(Log(), None, run)
+    # a resumed run's launch: its first step compiles (left out of the mean), the next ones take 1s and 3s
+    for local, (it, dt, elapsed) in enumerate([(40, 30.0, 65.0), (41, 1.0, 66.0), (42, 3.0, 69.0)]):
+        meter.step(it, local, 2.0, 1e-3, 0.5, dt, 0, elapsed)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("(41.0%), elapsed 1m05s, eta 29m30s")  # 59 steps left at the only time known
+    assert lines[1].endswith(", elapsed 1m06s, eta 58.0s")  # 58 steps of 1s
+    assert lines[2].endswith(", elapsed 1m09s, eta 1m54s")  # 57 steps of the mean 2s
+
+
+def test_step_times_leave_out_the_evaluations(tmp_path):
+    """nanoGPT timed iteration 0 from before the first evaluation: a slow tok/s, and an eta far off. The steps
+    after each evaluation (0 and 4 here, of many batches) must time the step alone."""
+    d = tmp_path / "data"
+    d.mkdir()
+    write_tokens(d / "train.bin", [i % 16 for i in range(4000)])
+    write_tokens(d / "val.bin", [i % 16 for i in range(600)])
+    write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")})
+    out = tmp_path / "out"
+    r = run("train.py", f"--data_dir={d}", f"--out_dir={out}",
+            *flags(**tiny(n_layer=1, max_iters=6, eval_interval=4, eval_iters=300, lr_decay_iters=6)))
+    evaluation_s = log_rows(out, "startup")[0]["first_evaluation"]
+    steps = log_rows(out)
+    assert evaluation_s > 0.3, evaluation_s  # long enough to tell
+    assert all(row["ms_per_step"] / 1000 < evaluation_s / 3 for row in steps), (evaluation_s, steps)
+    assert all(", elapsed " in line and ", eta " in line for line in r.stdout.splitlines() if line.startswith("iter "))
 
 
 def test_pace_warning():

@@ -162,6 +162,11 @@ class RandomWindows:
         x, y = torch.from_numpy(np.ascontiguousarray(xy[:, :-1])), torch.from_numpy(np.ascontiguousarray(xy[:, 1:]))
         return to_device(self.device, x, y)
 
+    def skip(self):
+        """Pass over the next batch unread: an evaluation's batch that another rank takes
+        (docs/monitoring.md#evaluations)."""
+        self.batches += 1
+
     def state_dict(self):
         # The state that draws the latest batch again: the training loop always holds one batch it has
         # fetched but not yet used, and a resumed run must start with that batch.
@@ -217,20 +222,25 @@ class SequentialShards:
             self.open = shard, TokenFile(self.paths[shard], open_shard, was=self.files[shard])
         return self.open[1].check()
 
-    def next_batch(self):
-        data = self.tokens(self.shard)
-        if self.offset + self.step + 1 > len(data):  # the window does not fit for every rank: next shard
+    def skip(self):
+        """Move to the next batch's position and return it, without reading the tokens: next_batch reads
+        them, an evaluation passes over a batch another rank takes (docs/monitoring.md#evaluations)."""
+        if self.offset + self.step + 1 > self.shards[self.shard][1]:  # the window does not fit for every rank
             self.shard, self.offset = self.shard + 1, 0
             if self.shard == len(self.paths):
                 self.shard, self.epoch = 0, self.epoch + 1
-            data = self.tokens(self.shard)
         self.drawn = (self.shard, self.offset, self.epoch)
-        B, T = self.batch_size, self.block_size
-        start = self.offset + self.rank * B * T
-        buf = data[start:start + B * T + 1].astype(np.int64)
-        check_ids(buf, self.vocab_size, self.paths[self.shard])
-        buf = torch.from_numpy(buf)
         self.offset += self.step
+        return self.drawn
+
+    def next_batch(self):
+        shard, offset, _ = self.skip()
+        data = self.tokens(shard)
+        B, T = self.batch_size, self.block_size
+        start = offset + self.rank * B * T
+        buf = data[start:start + B * T + 1].astype(np.int64)
+        check_ids(buf, self.vocab_size, self.paths[shard])
+        buf = torch.from_numpy(buf)
         x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
         return to_device(self.device, x, y)
 

@@ -1,8 +1,8 @@
 """
 Stopping a run cleanly when the machine is taken away (docs/checkpoints.md#preemption): SIGTERM, SIGINT or
-SIGHUP asks the training loop to finish its step, write a checkpoint and exit; a second SIGTERM or SIGINT
-exits at once. A hangup also points stdout and stderr that were the lost terminal at /dev/null, so that a
-print on the way cannot stop the run short of its checkpoint.
+SIGHUP asks the training loop to finish its step (or abandon an evaluation), write a checkpoint and exit; a
+second SIGTERM or SIGINT exits at once. A hangup also points stdout and stderr that were the lost terminal at
+/dev/null, so that a print on the way cannot stop the run short of its checkpoint.
 """
 import os
 import signal
@@ -18,9 +18,10 @@ LOST = (OSError, ValueError, RuntimeError)  # a print from a signal handler that
 
 
 class StopRequest:
+    """then: what check() does on a stop (train.py's: checkpoint and exit); device: requested()'s default."""
 
-    def __init__(self):
-        self.signum = None
+    def __init__(self, device=None, then=None):
+        self.signum, self.device, self.then = None, device, then
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
         if HANGUP is not None and signal.getsignal(HANGUP) is not signal.SIG_IGN:  # nohup's choice stands
@@ -38,18 +39,24 @@ class StopRequest:
         self.signum = signum
         if signum == HANGUP:
             mute_dead_terminal()
-        say(f"\n{name} received{' (the terminal closed?)' if signum == HANGUP else ''}: finishing this step, then "
-            f"writing a checkpoint (send {'SIGTERM' if signum == HANGUP else 'it again'} to exit at once)")
+        say(f"\n{name} received{' (the terminal closed?)' if signum == HANGUP else ''}: finishing this step (an "
+            f"evaluation is abandoned), then writing a checkpoint (send "
+            f"{'SIGTERM' if signum == HANGUP else 'it again'} to exit at once)")
 
     def requested(self, device=None):
         """Whether to stop now. Under DDP every rank must agree, or the ranks that go on would wait
         forever for the ones that stopped: any rank's signal stops them all, at the same step."""
         stop = self.signum is not None
         if dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([int(stop)], device=device)
+            flag = torch.tensor([int(stop)], device=device or self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             stop = bool(flag.item())
         return stop
+
+    def check(self):
+        """then() if a stop was asked for, on any rank. Called between steps and between an evaluation's batches
+        (which it abandons: its partial result is never used), on every rank alike: requested() is a collective."""
+        return self.requested() and self.then()
 
     @property
     def exit_code(self):

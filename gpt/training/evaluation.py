@@ -2,11 +2,15 @@
 Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
 DDP ranks, and a few sampled continuations of a prompt.
 """
+import sys
+import time
+
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from gpt.generation import until_eot
+from gpt.monitor.trainlog import duration
 from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
 
@@ -27,10 +31,11 @@ SETTINGS = dict(
 
 
 EVAL_BAR_DELAY = 3.0  # seconds an evaluation runs before its progress bar appears
+EVAL_LINE_EVERY = 10.0  # seconds between an evaluation's progress lines where stderr is no terminal
 
 
 def all_ranks_mean(value, device):
-    """Average a float over the DDP ranks (each evaluated its own batches); the value itself without DDP."""
+    """Average a float over the DDP ranks (each its own share of a step); the value itself without DDP."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
@@ -39,29 +44,61 @@ def all_ranks_mean(value, device):
 
 
 @torch.no_grad()
-def estimate_loss(model, loader, eval_iters, ctx, device):
+def estimate_loss(model, loader, eval_iters, ctx, device, stop=None):
     """Mean loss over eval_iters batches of each split, from loader(split) - made afresh each time, with a
     fixed seed, so the batches are the same at every evaluation and successive values compare the model,
-    not the luck of the draw."""
-    out = {}
+    not the luck of the draw. loader gives every rank the same batches (one process's), and rank r of N
+    evaluates batches r, r+N, ...: any number of processes averages the same batches (docs/monitoring.md#evaluations).
+    stop(), asked after each batch (on every rank alike: it may be a collective), abandons the evaluation:
+    the result is then None, never a partial mean."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    rounds = -(-eval_iters // world)  # every rank runs as many forwards: FSDP gathers the weights in each
+    out, progress = {}, Progress(2 * eval_iters, quiet=rank != 0)
     model.eval()
-    # a bar once the evaluation has taken EVAL_BAR_DELAY seconds (a CPU, a large eval_iters), on rank 0, and
-    # only when stderr is a terminal (disable=None); it goes away when done (leave=False)
-    quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
-    with tqdm(total=2 * eval_iters, desc="evaluating", unit="batch", delay=EVAL_BAR_DELAY, leave=False,
-              disable=True if quiet else None, dynamic_ncols=True) as bar:
+    try:
         for split in ('train', 'val'):
             batches = loader(split)
             losses = torch.zeros(eval_iters, device=device)
-            for k in range(eval_iters):
-                X, Y = batches.next_batch()
+            for k in range(rounds * world):
+                if k % world != rank:
+                    if k < eval_iters:
+                        batches.skip()  # another rank's
+                    continue
+                X, Y = batches.next_batch()  # past eval_iters: a batch whose loss is not counted
                 with ctx:
                     _, loss = model(X, Y)
-                losses[k] = loss
-                bar.update()
-            out[split] = all_ranks_mean(losses.mean().item(), device)
-    model.train()
+                if k < eval_iters:
+                    losses[k] = loss
+                progress.update(len(out) * eval_iters + min(k + world - rank, eval_iters))
+                if stop is not None and stop():
+                    return None
+            if world > 1:
+                dist.all_reduce(losses)  # each batch's loss from its rank, zeros from the others: exact
+            out[split] = losses.mean().item()
+    finally:
+        progress.bar.close()
+        model.train()
     return out
+
+
+class Progress:
+    """An evaluation's progress, on rank 0 only: a tqdm bar once it has run EVAL_BAR_DELAY seconds, where
+    stderr is a terminal (it goes away when done); elsewhere (a log file) a line every EVAL_LINE_EVERY
+    seconds, so a long evaluation does not look like a hung run."""
+
+    def __init__(self, total, quiet=False):
+        self.total, self.done, self.start = total, 0, time.time()
+        self.terminal, self.lines, self.shown = not quiet and sys.stderr.isatty(), not quiet, self.start
+        self.bar = tqdm(total=total, desc="evaluating", unit="batch", delay=EVAL_BAR_DELAY, leave=False,
+                        disable=not self.terminal, dynamic_ncols=True)
+
+    def update(self, done):
+        """done: the batches evaluated so far, every rank's."""
+        self.bar.update(done - self.done)
+        self.done, now = done, time.time()
+        if self.lines and not self.terminal and now - self.shown >= EVAL_LINE_EVERY:
+            self.shown = now
+            print(f"evaluating: {done}/{self.total} batches, {duration(now - self.start)}", flush=True)
 
 
 def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed, top_p=None,

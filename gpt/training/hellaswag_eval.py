@@ -129,22 +129,25 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
 
 
 def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_size=1, batch_examples=8,
-             pad_multiple=64, progress=False):
+             pad_multiple=64, progress=False, stop=None):
     """HellaSwag accuracy: dict(acc, acc_norm, n). Example i is scored by rank i % world_size; under DDP
     the counts are summed over ranks, so every rank gets the totals. Pass the model without its DDP
     wrapper (a torch.compile'd one is fine): ranks run different numbers of forwards. Batches always hold
     4 * batch_examples rows of a multiple of pad_multiple positions, so a compiled model meets only a few
-    shapes and recompiles only a few times."""
+    shapes and recompiles only a few times. stop(), asked after each of the batches every rank runs (it may be
+    a collective), abandons the evaluation: the result is then None."""
     mine = examples[rank::world_size]
+    common = -(-len(examples[world_size - 1::world_size]) // batch_examples)  # the last rank's count is the least
     block_size = model.config.block_size
     # correct (acc), correct (acc_norm), examples: summed on the device, so the loop never waits for it
     counts = torch.tensor([0, 0, len(mine)], dtype=torch.long, device=device)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), autocast_ctx or nullcontext():
-            starts = range(0, len(mine), batch_examples)
-            for i in tqdm(starts, desc="hellaswag", leave=False, disable=None if progress and rank == 0 else True):
+        starts = range(0, len(mine), batch_examples)
+        with (torch.no_grad(), autocast_ctx or nullcontext(),
+              tqdm(starts, desc="hellaswag", leave=False, disable=None if progress and rank == 0 else True) as bar):
+            for j, i in enumerate(bar):
                 rendered = [render_example(example, tokenizer) for example in mine[i:i + batch_examples]]
                 x, y = _collate(rendered, 4 * batch_examples, block_size, pad_multiple)
                 x, y = x.to(device), y.to(device)
@@ -154,6 +157,8 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
                 labels = torch.tensor([label for _, _, label in rendered], device=device)
                 counts[0] += (pred == labels).sum()
                 counts[1] += (pred_norm == labels).sum()
+                if stop is not None and j < common and stop():
+                    return None
     finally:
         model.train(was_training)
     if world_size > 1 and dist.is_available() and dist.is_initialized():

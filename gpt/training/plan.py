@@ -115,6 +115,7 @@ class RunPlan:
     # the batch and the schedule
     micro_steps: int  # forward/backward passes per optimizer step on each process
     micro_batch: int  # sequences in each of them (batch_size, or fewer where the global batch needs it)
+    eval_batch: int  # sequences in an evaluation's batch: one process's micro_batch, however many run
     tokens_per_iter: int  # per optimizer step, all processes together
     start_iter: int  # the step the run starts at (a resumed checkpoint's)
     start_tokens: int  # the tokens trained on before it, over every earlier launch
@@ -217,6 +218,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     total_batch_size, batch_note = schedule.global_batch(config, block_size)
     micro_steps, micro_batch = schedule.split_batch(total_batch_size, config['gradient_accumulation_steps'],
                                                     config['batch_size'], block_size, world_size, verbose)
+    eval_batch = schedule.split_batch(config['total_batch_size'], config['gradient_accumulation_steps'],
+                                      config['batch_size'], block_size, 1, verbose=False)[1]
     tokens_per_iter = micro_steps * world_size * micro_batch * block_size
     start_iter, start_tokens = started(src, tokens_per_iter)
     max_iters, warmup_iters, lr_decay_iters = schedule.iterations(config, tokens_per_iter, given, verbose,
@@ -253,7 +256,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     return RunPlan(init=src.kind, init_from=config['init_from'], source=src.name, model=MappingProxyType(model),
                    block_size=block_size, torchrun=torchrun, rank=rank, local_rank=local_rank, world_size=world_size,
                    device=device, dtype=dtype, data_dir=data_dir, data_label=data_label, prepare_hint=prepare_hint,
-                   meta=MappingProxyType(dict(meta)) if meta else None, micro_steps=micro_steps,
+                   meta=MappingProxyType(dict(meta)) if meta else None, micro_steps=micro_steps, eval_batch=eval_batch,
                    micro_batch=micro_batch, tokens_per_iter=tokens_per_iter, start_iter=start_iter,
                    start_tokens=start_tokens, max_iters=max_iters, warmup_iters=warmup_iters,
                    lr_decay_iters=lr_decay_iters, lr_schedule=lr_schedule, compile=compiled,

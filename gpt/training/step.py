@@ -8,9 +8,10 @@ import math
 
 import torch
 
-from gpt.monitor.trainlog import step_line
+from gpt.monitor.trainlog import duration, step_line
 from gpt.runtime import distributed, hardware
 from gpt.runtime.errors import UserError
+from gpt.training.evaluation import all_ranks_mean
 
 
 def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
@@ -87,23 +88,33 @@ class NonFinite:
 
 
 class StepMeter:
-    """A training step's line and log row: its loss, rate and gradient norm, time, throughput, MFU (a running
-    mean, from a launch's 6th step on: the first ones compile and warm up) and peak memory."""
+    """A training step's line and log row: its loss (averaged over the ranks: every rank calls step), rate and
+    gradient norm, time, throughput, MFU (a running mean, from a launch's 6th step on: the first ones compile
+    and warm up), peak memory, the run's elapsed time and an eta: the steps left to max_iters at the mean
+    logged step time, the launch's first step (compilation) left out, as are evaluations (train.py's dt)."""
 
     def __init__(self, log, model, run):
         self.log, self.model, self.run, self.mfu = log, model, run, -1.0
         self.peak_flops = hardware.peak_flops(run.device)
+        self.timed = [0.0, 0]  # seconds and count of the logged steps after a launch's first
 
     def step(self, iter_num, local_iter_num, loss, lr, grad_norm, dt, skipped_steps, elapsed):
         run = self.run
+        loss = all_ranks_mean(loss, run.device)  # a collective: on every rank, before the others return
+        if not run.master:
+            return
         if local_iter_num >= 5:
             mfu = self.model.estimate_mfu(run.micro_batch * run.micro_steps, dt, self.peak_flops)
             if mfu is not None:
                 self.mfu = mfu if self.mfu == -1.0 else 0.9 * self.mfu + 0.1 * mfu
+        if local_iter_num >= 1:
+            self.timed = [self.timed[0] + dt, self.timed[1] + 1]
+        eta = max(run.max_iters - iter_num - 1, 0) * (self.timed[0] / self.timed[1] if self.timed[1] else dt)
         mem = torch.cuda.max_memory_allocated(run.device) / 2**30 if run.device_type == 'cuda' else None  # peak
         percent = 100 * (iter_num + 1) / max(run.max_iters, 1)  # of the run, once this step is done
         tokens = run.tokens_at(iter_num + 1)
-        print(step_line(iter_num, loss, lr, grad_norm, dt, run.tokens_per_iter, self.mfu, mem, tokens, percent))
+        print(step_line(iter_num, loss, lr, grad_norm, dt, run.tokens_per_iter, self.mfu, mem, tokens, percent)
+              + f", elapsed {duration(elapsed)}, eta {duration(eta)}")
         self.log.write(kind='train', step=iter_num, tokens=tokens, time=elapsed, percent=percent, loss=loss, lr=lr,
                        grad_norm=grad_norm, ms_per_step=dt * 1000, tokens_per_s=run.tokens_per_iter / dt,
                        mfu=self.mfu if self.mfu >= 0 else None, skipped_steps=skipped_steps, peak_mem_gib=mem)
