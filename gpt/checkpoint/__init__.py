@@ -239,8 +239,8 @@ class Saver:
             return False
         if name is None:
             self.good = (path, state["iter_num"])
-        if keep > 0 and name is None:
-            keep_numbered_copy(path, state["iter_num"], keep)
+            if keep > 0:
+                keep_numbered_copy(path, state["iter_num"], keep)
         elif keep > 0:
             prune_checkpoints(self.out_dir, name, keep)
         return True
