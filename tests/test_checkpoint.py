@@ -413,3 +413,44 @@ def test_a_checkpoints_dataset_name_cannot_read_outside_data(tmp_path):
                 "config": {"dataset": "../../etc"}}, tmp_path / "ckpt.pt")  # nanoGPT's: no dataset_meta
     with pytest.raises(UserError, match="'../../etc' .* is not the name of a folder in data/"):
         load_model("resume", str(tmp_path))
+
+
+def hostile_sharded_run(out_dir, marker):
+    """A sharded run folder whose .metadata, unpickled as torch's DCP reader does, would create `marker`: DCP's
+    own metadata with one more entry whose class calls os.system."""
+    from gpt.checkpoint import sharded
+    sharded_run(out_dir)
+    metadata = sharded.read_metadata(str(out_dir / "ckpt_dcp"))  # a real one reads (no false refusal)
+    metadata.planner_data = {"x": _Exploit(marker)}
+    with open(out_dir / "ckpt_dcp" / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    return out_dir
+
+
+def test_a_sharded_checkpoints_metadata_cannot_run_code(tmp_path):
+    """Every path that opens a ckpt_dcp/ refuses a .metadata naming a class no DCP metadata holds, in one line,
+    before DCP's unrestricted unpickler sees it: the conversion, an fsdp resume (its loading of the training
+    state and of the weights), sample.py and export.py."""
+    from gpt import checkpoint
+    from gpt.checkpoint import sharded
+    from model import GPT, GPTConfig
+    marker = tmp_path / "pwned"
+    out = hostile_sharded_run(tmp_path / "out", marker)
+    folder, unsafe = out / "ckpt_dcp", f"{out / 'ckpt_dcp' / '.metadata'} is unsafe, not loaded: it names posix.system"
+    # sample.py and export.py refuse a sharded checkpoint newer than any ckpt.pt before reading it: convert it
+    for script, args, words in (("convert_checkpoint.py", [], unsafe), ("sample.py", ["--device=cpu"], "convert"),
+                                ("export.py", [], "convert")):
+        r = run(script, f"--out_dir={out}", *args, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (script, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and words in last, (script, r.stderr)
+    for load in (lambda: checkpoint.load_for_resume(str(out), "fsdp"), lambda: sharded.load_train_state(str(folder)),
+                 lambda: sharded.load_sharded(str(folder), GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2)), None)):
+        with pytest.raises(UserError, match=unsafe):
+            load()
+    assert not marker.exists() and not (out / "ckpt.pt").exists()
+    with open(folder / ".metadata", "wb") as f:  # a bare exploit, without DCP's classes around it
+        pickle.dump(_Exploit(marker), f)
+    with pytest.raises(UserError, match=unsafe):
+        sharded.convert_sharded(str(out))
+    assert not marker.exists()

@@ -5,6 +5,7 @@ and only rank 0 writes; FSDP2 computes what DDP does, resumes exactly, and its s
 ckpt.pt; a rank that dies brings the run down instead of hanging it.
 """
 import os
+import pickle
 import re
 import shutil
 import time
@@ -105,6 +106,33 @@ def test_fsdp_needs_several_processes_and_ddp_resume_names_the_fix(runs, shards,
     r = train(shards, runs["fsdp_halves"], check=False, max_iters=10, init_from="resume")
     assert r.returncode == 2 and "--parallelism=fsdp" in r.stderr.strip().splitlines()[-1]
 
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_fsdp_resume_refuses_a_metadata_that_would_run_code(runs, shards, tmp_path):
+    """A real fsdp save's .metadata passes the restricted reader; with one entry more whose class calls
+    os.system (which DCP's own unpickler would run), the resume stops in one line on each rank, before DCP."""
+    from gpt.checkpoint import sharded
+    out, marker = tmp_path / "out", tmp_path / "pwned"
+    shutil.copytree(runs["fsdp"], out, ignore=shutil.ignore_patterns("ckpt.pt"))  # converted by a test above
+    metadata = sharded.read_metadata(str(out / "ckpt_dcp"))
+    metadata.planner_data = {"x": _Exploit(marker)}
+    with open(out / "ckpt_dcp" / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    r = train(shards, out, nproc=2, check=False, max_iters=10, parallelism="fsdp", init_from="resume")
+    assert r.returncode != 0 and not marker.exists()
+    lines = {re.sub(r"^\[rank\d\]: ", "", line) for line in (r.stdout + r.stderr).splitlines()
+             if "is unsafe" in line and not line.startswith(" ")}  # torchrun's summary repeats it, indented
+    assert lines == {f"error: {out / 'ckpt_dcp' / '.metadata'} is unsafe, not loaded: it names posix.system, which "
+                     f"no sharded checkpoint holds, and loading it could run code; use a checkpoint from a source "
+                     f"you trust"}, (r.stdout + r.stderr)[-3000:]
 
 DYING_RANK = '''
 import os, runpy, sys

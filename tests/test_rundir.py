@@ -288,5 +288,5 @@ def test_run_lock_is_never_opened_through_a_link_nor_shared_with_a_hard_linked_c
     late = rundir.Claim(str(out))
     (out / "run.lock").symlink_to(target)  # one that appeared after the check
     with pytest.raises(UserError, match="a link to"):
-        late.hold_lock_file()
+        late.hold()
     assert target.read_text() == "keep me"

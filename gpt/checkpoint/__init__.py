@@ -1,8 +1,7 @@
 """
-Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus our additions, only tensors and plain types,
-written atomically, checked against their CRC-32s on load and read with weights_only=True, so a checkpoint can
-never run code. What a run saves and when (Saver), resuming, and models built from checkpoints. Sharded (fsdp)
-checkpoints: sharded.py; the run's folder and its lock: rundir.py.
+Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus what an exact resume needs, written atomically,
+CRC-checked on load and read with weights_only=True. What a run saves and when (Saver), resuming, and models built
+from checkpoints. Sharded (fsdp) checkpoints: sharded.py; the run's folder and its lock: rundir.py.
 """
 import math
 import os
@@ -11,6 +10,7 @@ import random
 import re
 import shutil
 import zipfile
+from contextlib import suppress
 from functools import partial
 
 import numpy as np
@@ -34,8 +34,12 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 LEGACY_START = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 
+def distributed():
+    return dist.is_available() and dist.is_initialized()
+
+
 def is_master():
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    return not distributed() or dist.get_rank() == 0
 
 
 # --- writing
@@ -46,41 +50,32 @@ def save_checkpoint(ckpt, path):
 
 
 def write_checkpoint(ckpt, path, before_replace=None):
-    """save_checkpoint's work: None when the checkpoint is on disk, else why not. before_replace: atomic_write's
-    last check before the file takes the place of the old one."""
+    """save_checkpoint's work: None once the file is in place, else why not (before_replace: atomic_write's)."""
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):  # temp files of saves a kill -9 cut short, each a whole checkpoint
         if stale.startswith(name + ".") and stale.endswith(".tmp"):
-            try:
+            with suppress(OSError):  # a read-only folder: the save below says so
                 os.remove(os.path.join(folder, stale))
-            except OSError:
-                pass  # a read-only folder: the save below says so
     try:
         with atomic_write(path, before_replace=before_replace) as f:
             torch.save(ckpt, f)
         return None
     except (OSError, RuntimeError) as e:
-        reason = write_failure(e)
-        if reason is None:
+        # torch's zip writer raises a RuntimeError that chains the OSError, or names none (a short write)
+        cause = next((err for err in (e, e.__cause__, e.__context__) if isinstance(err, OSError)), None)
+        if cause is not None:
+            reason = cause.strerror or str(cause)
+        elif "inline_container" in str(e) or "PytorchStreamWriter" in str(e):
+            reason = "the file could not be written whole: " + str(e).strip().splitlines()[0][:120]
+        else:
             raise  # not a failure to write: a bug, with its traceback
         print(f"error: could not save checkpoint to {path} ({reason}); the previous checkpoint is kept")
         return f"{path}: {reason}"
 
 
-def write_failure(e):
-    """What went wrong when a write failed, or None when `e` is not a failure to write: torch.save's zip writer
-    raises a RuntimeError that chains the OSError, or names none (a short write: "unexpected pos")."""
-    for err in (e, e.__cause__, e.__context__):
-        if isinstance(err, OSError):
-            return err.strerror or str(err)
-    if isinstance(e, RuntimeError) and ("inline_container" in str(e) or "PytorchStreamWriter" in str(e)):
-        return "the file could not be written whole: " + str(e).strip().splitlines()[0][:120]
-    return None
-
-
 def portable(optimizer_state):
-    """An optimizer state_dict as an eager run keeps it (a float learning rate, capturable off: what
-    stepgraph.py's CUDA graph changes), so that any checkpoint resumes anywhere, on a CPU too."""
+    """An optimizer state_dict as an eager run keeps it (stepgraph.py's CUDA graph makes lr a tensor and sets
+    capturable), so that any checkpoint resumes anywhere, on a CPU too."""
     for group in optimizer_state["param_groups"]:
         group["lr"], group["capturable"] = float(group["lr"]), False
     return optimizer_state
@@ -104,8 +99,8 @@ def keep_numbered_copy(path, iter_num, keep):
 
 
 def prune_checkpoints(folder, name, keep):
-    """Remove all but the last `keep` .pt files of name's kind: named like it up to its first digit, then a
-    number (ckpt-<iter>, ckpt-tok<N>...), ordered by that number, not by name (tok900 comes before tok1000)."""
+    """Remove all but the last `keep` .pt files of name's kind (its name up to the first digit), by number, not
+    by name (tok900 comes before tok1000)."""
     kind = re.compile(re.escape(re.match(r"\D*", name).group()) + r"(\d+).*\.pt")
     copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := kind.fullmatch(f)))
     for _, old in copies[:-keep]:
@@ -116,8 +111,7 @@ def prune_checkpoints(folder, name, keep):
 
 
 def rng_state():
-    """This process's random generators (python, numpy, torch CPU and CUDA) as tensors and plain types,
-    so the checkpoint stays loadable with weights_only=True."""
+    """This process's random generators as tensors and plain types (loadable with weights_only=True)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
              "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]}
@@ -138,7 +132,7 @@ def set_rng_state(state):
 
 def gather_rng_states():
     """Every rank's random state, in rank order (every rank must call this)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not distributed():
         return [rng_state()]
     states = [None] * dist.get_world_size()
     dist.all_gather_object(states, rng_state())
@@ -148,8 +142,7 @@ def gather_rng_states():
 # --- what a run saves, and when
 
 def divergence(iter_num, val_loss, best_val_loss, initial_val_loss):
-    """Why a val loss says the weights are broken, in words, or None: it is NaN or inf, or above both the
-    untrained model's loss and the best so far plus DIVERGENCE_MARGIN (docs/checkpoints.md#numerical-faults)."""
+    """Why a val loss says the weights are broken, in words, or None (docs/checkpoints.md#numerical-faults)."""
     if not math.isfinite(val_loss):
         return f"the val loss at step {iter_num} is {val_loss}"
     initial = initial_val_loss if initial_val_loss is not None else val_loss
@@ -162,9 +155,8 @@ def divergence(iter_num, val_loss, best_val_loss, initial_val_loss):
 
 
 def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval):
-    """The checkpoints the schedule asks for at this step (`due`: schedule.due's answer, val_loss the loss just
-    evaluated or None): None for ckpt.pt, a file name for one kept beside it (ckpt_every_tokens's). Nothing at
-    step 0 or with eval_only; the rest is checkpoint_interval's (docs/checkpoints.md#when-checkpoints-are-written)."""
+    """The checkpoints due at this step (`due`: schedule.due's answer): None for ckpt.pt, a file name for one kept
+    beside it (docs/checkpoints.md#when-checkpoints-are-written)."""
     if eval_only or iter_num == 0:
         return []
     saves = []
@@ -178,64 +170,54 @@ def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoin
 
 
 class Saver:
-    """What a run knows of its own checkpoints (train.py holds one per process): the last good one, whether
-    the weights are judged broken, why the last save failed, and whose out_dir it is (claim: rundir's Claim on
-    rank 0, None elsewhere). record_eval and save change it; to_save, last_good and check_end only ask.
-    resumed: the checkpoint the run resumes from (load_for_resume's), or None."""
+    """What a run knows of its own checkpoints: the last good one (good: path, iter_num), why its weights are
+    broken (diverged) or its last save failed, and whose out_dir it is (claim: rank 0's rundir.Claim).
+    resumed: load_for_resume's checkpoint, or None."""
 
     def __init__(self, out_dir, claim=None, resumed=None):
         self.out_dir, self.claim = out_dir, claim
-        self.good = None  # (path, iter_num) of the last checkpoint this run wrote or resumed from
-        self.initial_val_loss = None  # the untrained model's val loss: a healthy run never goes above it
-        self.diverged = None  # why the last evaluation says the weights are broken, or None
-        self.save_failed = None  # why the last save failed, or None
+        self.good = self.initial_val_loss = self.diverged = self.save_failed = None
         if resumed is not None:
             self.good = (resumed['path'], resumed.get('iter_num', 0))
             # a checkpoint that does not record it (nanoGPT's): an untrained model's loss is ln(vocab_size)
             self.initial_val_loss = resumed.get('initial_val_loss') or math.log(resumed['model_args']['vocab_size'])
 
     def record_eval(self, iter_num, val_loss, best_val_loss):
-        """Judge the weights by the val loss evaluated at iter_num (best_val_loss: the best before it), saying
-        so when they are broken. The first evaluation of a new run is the untrained model's."""
+        """Judge the weights by this evaluation (best_val_loss: the best before it); a new run's first is the
+        untrained model's."""
         if self.initial_val_loss is None and math.isfinite(val_loss):
             self.initial_val_loss = val_loss
         self.diverged = divergence(iter_num, val_loss, best_val_loss, self.initial_val_loss)
         if self.diverged and is_master():
             print(f"step {iter_num}: not saving a checkpoint: {self.diverged}")
 
-    def to_save(self, iter_num, due_now, val_loss, best_val_loss, eval_only, always_save_checkpoint,
-                checkpoint_interval):
-        """The checkpoints to write at this step (due's answer), none while the weights are judged broken."""
-        if self.diverged:
-            return []
-        return due(iter_num, due_now, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval)
+    def to_save(self, *args):
+        """due's answer, or none while the weights are judged broken."""
+        return [] if self.diverged else due(*args)
 
     def save(self, model, optimizer, sharded=False, name=None, keep=0, **state):
-        """Every rank calls this: the model, optimizer, `state` (iter_num, config, ...) and every rank's random
-        state, on disk before anyone moves on; nothing while the weights are judged broken. Sharded: every rank
-        writes its part into out_dir/ckpt_dcp/; else rank 0 writes ckpt.pt (or out_dir/<name>), keeping the
-        last `keep`. Returns whether it was written (False on ranks > 0 of an unsharded save)."""
+        """Every rank calls this. Sharded: each rank writes its part of out_dir/ckpt_dcp/; else rank 0 writes
+        ckpt.pt (or <name>), keeping the last `keep`. Returns whether it was written (False on ranks > 0)."""
         self.check_owner()
         if self.diverged:
             if is_master():
                 print(f"not saving a checkpoint: {self.diverged} ({self.last_good()})")
             return False
         state = {**state, "initial_val_loss": self.initial_val_loss, "rng": gather_rng_states()}
-        last_check = partial(self.check_owner, broadcast=False)
+        last_check = partial(self.check_owner, broadcast=False)  # writing takes seconds: asked again at the end
         if sharded:
             save_sharded(self.out_dir, model, optimizer, state, before_replace=last_check)
             self.good = (os.path.join(self.out_dir, DCP_DIR), state["iter_num"])
             return True
         saved = is_master() and self.write(model, optimizer, name, keep, state, last_check)
-        if dist.is_available() and dist.is_initialized():
+        if distributed():
             dist.barrier()
         return saved
 
     def check_owner(self, broadcast=True):
-        """Stop the run (UserError) if out_dir is no longer its own (rank 0's claim answers for every rank).
-        Rank 0 asks again just before its file replaces the old one: writing takes seconds."""
+        """Stop the run (UserError) if out_dir is no longer its own; rank 0's claim answers for every rank."""
         problem = self.claim.owner_problem() if self.claim is not None else None
-        if broadcast and dist.is_available() and dist.is_initialized():
+        if broadcast and distributed():
             box = [problem]
             dist.broadcast_object_list(box, src=0)
             problem = box[0]
@@ -265,7 +247,7 @@ class Saver:
         return True
 
     def last_good(self):
-        """Which checkpoint is the good one to go back to, in words: the last this run wrote or resumed from."""
+        """The checkpoint to go back to, in words: the last this run wrote or resumed from."""
         if self.good is not None:
             return f"the last good checkpoint is {self.good[0]}, from step {self.good[1]}"
         path = os.path.join(self.out_dir, "ckpt.pt")
@@ -276,8 +258,7 @@ class Saver:
             f" (an earlier run's is kept in {earlier[0]})" if earlier else "")
 
     def check_end(self):
-        """At the end of a run: one error line (status 2) when its last save failed or its weights ended
-        broken, so that no script takes the run for complete."""
+        """One error line (status 2) at the end of a run whose last save failed or whose weights are broken."""
         if self.save_failed:
             raise UserError(f"the run's last checkpoint could not be saved ({self.save_failed}); {self.last_good()}")
         if self.diverged:
@@ -313,8 +294,8 @@ def where_else(path):
 
 
 def checksum_failure(path):
-    """What is damaged in a checkpoint, or None: reading every zip entry back checks its CRC-32. Files that are
-    not zip files (truncated ones, the legacy format) are left to torch.load."""
+    """What is damaged in a checkpoint, or None: reading every zip entry back checks its CRC-32 (files that are
+    not zip files are left to torch.load)."""
     if not zipfile.is_zipfile(path):
         return None
     try:
@@ -331,16 +312,15 @@ def way_back(path):
     copies = [os.path.join(folder, f) for f in os.listdir(folder)
               if re.fullmatch(r"ckpt-\d+\.pt|ckpt-tok\d+-val.*\.pt", f)]
     for copy in sorted(copies, key=os.path.getmtime, reverse=True):
-        if os.path.realpath(copy) != os.path.realpath(path) and not os.path.samefile(copy, path) \
-                and not checksum_failure(copy):
+        if not os.path.samefile(copy, path) and not checksum_failure(copy):
             return f"go back to the newest intact copy kept beside it: cp {copy} {path}"
     return ("no intact copy is kept beside it (keep_checkpoints=N keeps the last N as ckpt-<iter>.pt): "
             "restore it from a backup, or train again")
 
 
 def safe_load(path):
-    """torch.load(weights_only=True) onto the CPU, its failures one line each. torch's advice for a refused
-    pickle, weights_only=False, would run the file's code: only what was refused is passed on."""
+    """torch.load(weights_only=True) onto the CPU, its failures one line each; torch's advice for a refused
+    pickle (weights_only=False, which would run the file's code) is never passed on."""
     try:
         with open(path, "rb") as f:
             start = f.read(len(LEGACY_START))
@@ -451,8 +431,8 @@ def load_model(init_from, out_dir):
 # --- resuming
 
 def load_for_resume(out_dir, parallelism):
-    """The newest of out_dir's checkpoints, with where it came from under 'path' and, if sharded, 'sharded'
-    (its weights are loaded once the model is sharded: restore). fsdp reads either kind, ddp only ckpt.pt."""
+    """The newest of out_dir's checkpoints, with 'path' and, if sharded, 'sharded' (its folder: restore loads its
+    weights once the model is sharded). fsdp reads either kind, ddp only ckpt.pt."""
     path, newer = os.path.join(out_dir, 'ckpt.pt'), newer_sharded(out_dir)
     if newer and parallelism != 'fsdp':
         raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {newer}: resume with "
@@ -466,9 +446,8 @@ def load_for_resume(out_dir, parallelism):
 
 
 def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size):
-    """Put a resumed run's weights (sharded), optimizer, GradScaler, data position, log and random state where
-    its checkpoint (load_for_resume's; None for a new run) left them. Returns the run's counters: iter_num,
-    best_val_loss, elapsed (earlier launches' training seconds), skipped_steps, wandb_run_id."""
+    """Put a resumed run's state where its checkpoint (load_for_resume's; None for a new run) left it. Returns the
+    run's counters: iter_num, best_val_loss, elapsed, skipped_steps, wandb_run_id."""
     state = dict(iter_num=0, best_val_loss=1e9, elapsed=0.0, skipped_steps=0, wandb_run_id=None)
     if ckpt is None:
         return state

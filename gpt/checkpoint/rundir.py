@@ -1,7 +1,7 @@
 """
-The run's folder, out_dir: writable, held by one run at a time, never shared by two runs' files, and never
-written through a link (docs/checkpoints.md#one-run-per-out_dir). check() says what can go wrong, touching
-nothing; claim() makes, locks and (a new run) clears out_dir, and returns the Claim that guards every save.
+The run's folder, out_dir: held by one run at a time, never shared by two runs' files, never written through a
+link (docs/checkpoints.md#one-run-per-out_dir). check() touches nothing; claim() makes, locks and (a new run)
+clears out_dir, and returns the Claim that guards every save.
 """
 import atexit
 import datetime
@@ -12,6 +12,7 @@ import re
 import socket
 import tempfile
 import uuid
+from contextlib import suppress
 
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import nearest_existing
@@ -19,11 +20,10 @@ from gpt.runtime.files import nearest_existing
 LOCK_NAME = "run.lock"
 # what belongs to a run: its log and checkpoints (also ckpt-<iter>.pt and ckpt-tok....pt: is_run_file)
 RUN_FILES = ("log.jsonl", "ckpt.pt", "ckpt_dcp", "ckpt_dcp.old")
-_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # what flock says when another process holds the lock
 
 
 def check(out_dir, fresh):
-    """Everything claim() needs, checked without touching the disk (a failure is one line, UserError)."""
+    """Everything claim() needs, checked without touching the disk."""
     if os.path.islink(out_dir) and not os.path.exists(out_dir):
         raise UserError(f"out_dir {out_dir} is a link to {os.readlink(out_dir)}, which does not exist: make that "
                         f"folder, or choose another --out_dir")
@@ -39,9 +39,13 @@ def check(out_dir, fresh):
     if existing != out_dir:
         return  # a folder still to be made holds nothing and nobody holds it
     check_no_links(out_dir)
-    holder = live_holder(out_dir)
-    if holder:
-        raise in_use(out_dir, holder)
+    for path, nofollow in ((out_dir, 0), (os.path.join(out_dir, LOCK_NAME), os.O_NOFOLLOW)):
+        with suppress(OSError):  # no run.lock: nobody holds it
+            fd = os.open(path, os.O_RDONLY | nofollow)
+            try:
+                lock(fd, out_dir)  # closing fd lets go of it again
+            finally:
+                os.close(fd)
     if fresh:
         stuck = [f for f in earlier_run(out_dir) if os.path.isdir(os.path.join(out_dir, f))
                  and not os.access(os.path.join(out_dir, f), os.W_OK)]  # moving a folder rewrites its '..'
@@ -61,14 +65,35 @@ def check_no_links(out_dir):
                         f"stays as it is), or, to keep the run's files elsewhere, make out_dir itself the link")
 
 
-def in_use(out_dir, holder):
-    return UserError(f"out_dir {out_dir} is in use by another run ({holder}): wait for it to end, stop it, or "
-                     f"choose another --out_dir")
+def lock(fd, out_dir):
+    """flock fd: True, False where its file system cannot lock it, a UserError naming the run that holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise UserError(f"out_dir {out_dir} is in use by another run ({holder(out_dir)}): wait for it to end, "
+                            f"stop it, or choose another --out_dir") from None
+        return False
+
+
+def holder(out_dir):
+    """Who holds out_dir, in words: what its run.lock says, else the folder lock's PID (Linux's /proc/locks)."""
+    path = os.path.join(out_dir, LOCK_NAME)
+    with suppress(OSError), open(path, "rb") as f:
+        return f"{f.read(1000).decode(errors='replace').strip() or 'just starting'}; lock {path}"
+    pids = set()
+    with suppress(OSError), open("/proc/locks") as f:
+        ino = os.stat(out_dir).st_ino
+        rows = (re.search(r"FLOCK\s+\S+\s+WRITE\s+(\d+)\s+\w+:\w+:(\d+)\s", row) for row in f)
+        pids = {m.group(1) for m in rows if m and int(m.group(2)) == ino}
+    who = f"PID {pids.pop()}" if len(pids) == 1 else "a process"
+    return f"{who} on this host holds the folder's lock; its {LOCK_NAME} was removed"
 
 
 def claim(out_dir, fresh):
-    """Make out_dir ready for a run, before any other use of it: made if need be, writable, locked, and (fresh)
-    cleared of an earlier run's files, which are kept aside. Returns the Claim; a failure undoes it all."""
+    """Make out_dir ready for a run: made if need be, writable, locked, and (fresh) an earlier run's files moved
+    aside. Returns the Claim; a failure undoes it all."""
     check(out_dir, fresh)
     held = Claim(out_dir)
     try:
@@ -92,8 +117,7 @@ def claim(out_dir, fresh):
 
 
 def check_writable(out_dir):
-    """Fail before training, not at the first save, where access(2) says yes but a file cannot be made (a
-    full disk, a quota, ACLs)."""
+    """Fail now, not at the first save, where access(2) says yes but no file can be made (full disk, quota)."""
     try:
         with tempfile.TemporaryFile(dir=out_dir):
             pass
@@ -102,12 +126,11 @@ def check_writable(out_dir):
 
 
 class Claim:
-    """One run's hold on out_dir: its locks, the run id written into run.lock, and what claim() changed (the
-    folders it made, the earlier run's files it moved aside), undone if the run fails before it starts."""
+    """One run's hold on out_dir: the folder's lock and run.lock's, the run id written in run.lock, and what
+    claim() changed (folders made, an earlier run moved aside), undone if the run fails before it starts."""
 
     def __init__(self, out_dir):
         self.out_dir, self.lock_path = out_dir, os.path.join(out_dir, LOCK_NAME)
-        self.run_id = uuid.uuid4().hex[:12]
         self.made, self.aside = [], None
         self.dir_fd = self.lock_fd = None
         self.folder = None  # out_dir's (device, inode) when claimed: moved or replaced later, it is not ours
@@ -115,80 +138,66 @@ class Claim:
         self.settled = False  # the run has started: nothing is undone
 
     def hold(self):
-        """Take both locks, the folder's first; one line if another live run holds either."""
+        """Lock the folder (kept when run.lock is removed by hand), then run.lock (NFS locks only files)."""
         st = os.stat(self.out_dir)
         self.folder = (st.st_dev, st.st_ino)
         self.dir_fd = os.open(self.out_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(self.dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
+        if not lock(self.dir_fd, self.out_dir):
             os.close(self.dir_fd)
             self.dir_fd = None
-            if e.errno in _BUSY:
-                raise in_use(self.out_dir, holder_words(self.out_dir))
-            # no folder lock here (NFS: its locks are on files); run.lock alone keeps runs apart
-        self.hold_lock_file()
-
-    def hold_lock_file(self):
-        path = self.lock_path
         while True:  # until the locked file is the one at the path, and ours alone
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError:
                 check_no_links(self.out_dir)  # a link made since check(): refused as check() does
                 raise
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                holder = os.read(fd, 1000).decode(errors="replace").strip()
+                locked = lock(fd, self.out_dir)
+            except UserError:
                 os.close(fd)
-                if e.errno in _BUSY:
-                    raise in_use(self.out_dir, f"{holder or 'just starting'}; lock {path}")
-                print(f"note: cannot lock {path} ({e.strerror or e}): nothing keeps a second run out of "
-                      f"{self.out_dir}")
+                raise
+            if not locked:
+                os.close(fd)
+                print(f"note: cannot lock {self.lock_path}: nothing keeps a second run out of {self.out_dir}")
                 return
-            try:
-                st, held = os.lstat(path), os.fstat(fd)
-                if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):  # not one a run that just ended removed
-                    if held.st_nlink == 1:
+            with suppress(FileNotFoundError):
+                st, mine = os.lstat(self.lock_path), os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):  # not one a run that just ended removed
+                    if mine.st_nlink == 1:
                         break
-                    os.remove(path)  # also another folder's (a `cp -al` copy): this run makes one of its own
-            except FileNotFoundError:
-                pass
+                    os.remove(self.lock_path)  # also another folder's (a `cp -al` copy): this run makes its own
             os.close(fd)
         previous = os.read(fd, 1000).decode(errors="replace").strip()
         if previous:
-            print(f"note: taking over {path} from a run that ended without releasing it ({previous})")
+            print(f"note: taking over {self.lock_path} from a run that ended without releasing it ({previous})")
         text = (f"PID {os.getpid()} on host {socket.gethostname()}, since "
-                f"{datetime.datetime.now().isoformat(timespec='seconds')}, run {self.run_id}\n").encode()
-        try:  # plain file descriptors: nothing buffered that a full disk could fail to flush at exit
+                f"{datetime.datetime.now().isoformat(timespec='seconds')}, run {uuid.uuid4().hex[:12]}\n").encode()
+        with suppress(OSError):  # a full disk: the lock holds all the same, without the holder's name
             os.ftruncate(fd, 0)
-            os.pwrite(fd, text, 0)
+            os.pwrite(fd, text, 0)  # no buffer that could fail to flush at exit
             self.lock_text = text
-        except OSError:
-            pass  # a full disk: the lock holds all the same, without the holder's name
         self.lock_fd = fd
 
     def owner_problem(self):
-        """Why out_dir is no longer this run's, in words, or None. Asked before every save: out_dir must be the
-        folder this run claimed, and run.lock the file it locked, holding what it wrote (a new file can reuse
-        the inode). A run.lock removed by hand is no problem while the folder lock holds."""
+        """Why out_dir is no longer this run's, in words, or None (asked before every save)."""
         try:
             st = os.stat(self.out_dir)
         except OSError as e:
             return f"{self.out_dir} is gone ({e.strerror or e})"
         if (st.st_dev, st.st_ino) != self.folder:
-            return f"{self.out_dir} is no longer the folder this run claimed ({holder_words(self.out_dir)})"
+            return f"{self.out_dir} is no longer the folder this run claimed ({holder(self.out_dir)})"
         if self.lock_fd is None:
             return None
         try:
-            st, text = os.lstat(self.lock_path), read_start(self.lock_path)
-        except FileNotFoundError:
+            st = os.lstat(self.lock_path)
+            with open(self.lock_path, "rb") as f:
+                text = f.read(1000)
+        except FileNotFoundError:  # removed by hand: harmless while the folder lock holds
             return None if self.dir_fd is not None else (
                 f"{self.lock_path} was removed, so this run cannot tell whether another run has used "
                 f"{self.out_dir} since")
-        held = os.fstat(self.lock_fd)
-        if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino) or text != self.lock_text:
+        mine = os.fstat(self.lock_fd)
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino) or text != self.lock_text:
             return f"another run has claimed {self.out_dir} ({text.decode(errors='replace').strip() or 'unnamed'})"
         return None
 
@@ -197,19 +206,13 @@ class Claim:
         self.settled = True
 
     def undo(self, quiet=False):
-        """Put the disk back as claim() found it, unless the run has started: the earlier run's files back (each
-        whose name this run has not used meanwhile), the locks let go, the folders claim() made removed while
-        empty. A second call does nothing."""
+        """Unless the run has started, put the disk back as claim() found it (once)."""
         if self.settled:
             return
         self.settled = True
         if self.aside:
-            back = [name for name in sorted(os.listdir(self.aside)) if move(self.aside, self.out_dir, name)]
-            try:
-                os.rmdir(self.aside)
-                where = f"are back in {self.out_dir}"
-            except OSError:
-                where = f"stay in {self.aside}"
+            back = move_all(self.aside, self.out_dir)
+            where = f"stay in {self.aside}" if os.path.exists(self.aside) else f"are back in {self.out_dir}"
             if not quiet:
                 print(f"note: this run did not start, so the earlier run's {', '.join(back) or 'files'} {where}")
         self.release()
@@ -220,75 +223,29 @@ class Claim:
                 break  # not empty (or not ours to remove): it stays, and so do the folders above it
 
     def release(self):
-        """A clean end: remove run.lock (never another run's), then let go of the locks (a run that opened the
-        file meanwhile sees that it is no longer at its path, and tries again)."""
+        """A clean end: remove run.lock (never another run's), then let go of both locks."""
         if self.lock_fd is not None:
             if self.owner_problem() is None:
-                try:
+                with suppress(OSError):
                     os.remove(self.lock_path)
-                except OSError:
-                    pass
-            os.close(self.lock_fd)  # closing drops the flock
+            os.close(self.lock_fd)  # a run that opened the file meanwhile sees it gone from its path, and retries
             self.lock_fd = None
         if self.dir_fd is not None:
             os.close(self.dir_fd)
             self.dir_fd = None
 
 
-def move(src, dst, name):
-    """Move src/name to dst/name unless dst has that name; returns whether it moved."""
-    try:
-        if os.path.lexists(os.path.join(dst, name)):
-            return False
-        os.rename(os.path.join(src, name), os.path.join(dst, name))
-        return True
-    except OSError:
-        return False
-
-
-def read_start(path):
-    with open(path, "rb") as f:
-        return f.read(1000)
-
-
-def live_holder(out_dir):
-    """Who holds out_dir (words), or None: nobody alive. Each lock is tried and at once let go."""
-    lock = os.path.join(out_dir, LOCK_NAME)
-    for path in (out_dir, lock):
-        try:
-            fd = os.open(path, os.O_RDONLY | (os.O_NOFOLLOW if path == lock else 0))
-        except OSError:
-            continue  # no run.lock (or a link, which check() refuses): nobody holds it
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError as e:
-            if e.errno in _BUSY:
-                return holder_words(out_dir)
-        finally:
-            os.close(fd)
-    return None
-
-
-def holder_words(out_dir):
-    """The live holder of out_dir, in words: what its run.lock says, else its PID from Linux's /proc/locks."""
-    lock = os.path.join(out_dir, LOCK_NAME)
-    try:
-        text = read_start(lock).decode(errors="replace").strip()
-    except OSError:
-        text = ""
-    if text:
-        return f"{text}; lock {lock}"
-    try:
-        ino = os.stat(out_dir).st_ino
-        with open("/proc/locks") as f:
-            pids = {m.group(1) for row in f if (m := re.search(r"FLOCK\s+\S+\s+WRITE\s+(\d+)\s+\w+:\w+:(\d+)\s", row))
-                    and int(m.group(2)) == ino}
-    except OSError:
-        pids = set()
-    pid = pids.pop() if len(pids) == 1 else None
-    return (f"{'PID ' + pid if pid else 'a process'} on this host holds the folder's lock; its {LOCK_NAME} was "
-            f"removed")
+def move_all(src, dst):
+    """Move src's files into dst, each whose name dst does not have, then remove src if empty; the names moved."""
+    moved = []
+    for name in sorted(os.listdir(src)):
+        if not os.path.lexists(os.path.join(dst, name)):
+            with suppress(OSError):
+                os.rename(os.path.join(src, name), os.path.join(dst, name))
+                moved.append(name)
+    with suppress(OSError):
+        os.rmdir(src)
+    return moved
 
 
 def is_run_file(name):
@@ -302,10 +259,8 @@ def earlier_run(out_dir):
 
 def earlier_runs(out_dir):
     """The earlier-* folders in out_dir that hold a checkpoint (ckpt.pt or a sharded one), newest first."""
-    if not os.path.isdir(out_dir):
-        return []
     found = []
-    for name in os.listdir(out_dir):
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         m = re.fullmatch(r"earlier-(\d{8}-\d{6})(?:-(\d+))?", name)
         path = os.path.join(out_dir, name)
         if m and any(os.path.exists(os.path.join(path, f)) for f in ("ckpt.pt", "ckpt_dcp")):
@@ -314,8 +269,8 @@ def earlier_runs(out_dir):
 
 
 def set_aside(out_dir):
-    """Move an earlier run's files into out_dir/earlier-<date>-<time>/, saying so. Returns that folder, or
-    None when there was nothing to move; on a failure, what was moved goes back."""
+    """Move an earlier run's files into out_dir/earlier-<date>-<time>/, saying so; returns that folder, or None
+    when there was nothing to move. A failure moves them back."""
     names = earlier_run(out_dir)
     if not names:
         return None
@@ -330,9 +285,7 @@ def set_aside(out_dir):
             os.rename(os.path.join(out_dir, name), os.path.join(dest, name))
     except OSError as e:
         if os.path.isdir(dest):
-            for name in os.listdir(dest):
-                move(dest, out_dir, name)
-            os.rmdir(dest)
+            move_all(dest, out_dir)
         raise UserError(f"out_dir {out_dir} holds an earlier run ({', '.join(names)}) that could not be moved "
                         f"aside to {dest} ({e.strerror or e}): choose another --out_dir, or resume it with "
                         f"--init_from=resume")

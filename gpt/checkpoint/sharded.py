@@ -1,10 +1,10 @@
 """
-Sharded checkpoints (parallelism=fsdp) through torch.distributed.checkpoint (DCP): every rank writes its part
-into out_dir/ckpt_dcp/, rank 0 also the non-tensor training state (train_state.pt, written last).
-convert_checkpoint.py turns one into a single ckpt.pt. torch.distributed.checkpoint is imported inside the
-functions that use it: importing it takes seconds, and only fsdp runs and the conversion need it.
+Sharded checkpoints (parallelism=fsdp) through torch.distributed.checkpoint (DCP): every rank writes its part into
+out_dir/ckpt_dcp/, rank 0 also the training state (train_state.pt, written last); convert_sharded makes one ckpt.pt
+of it. torch.distributed.checkpoint is imported inside the functions that use it: importing it takes seconds.
 """
 import os
+import pickle
 import shutil
 import tempfile
 
@@ -18,6 +18,50 @@ from gpt.runtime.errors import UserError
 DCP_DIR = "ckpt_dcp"
 TRAIN_STATE = "train_state.pt"
 FIX = "copy the whole folder again (.metadata and every __*.distcp file), or use an earlier checkpoint"
+# everything a DCP .metadata pickle names (besides torch's dtypes), listed from real saves: the rest could run code
+METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
+                                              "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},  # looks a layout up by its name
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset", "bytearray", "complex", "slice"},
+}
+
+
+class Refused(pickle.UnpicklingError):
+    pass
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name in METADATA_GLOBALS.get(module, ()) or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise Refused(f"{module}.{name}")
+
+
+def read_metadata(path):
+    """The sharded checkpoint's DCP metadata, read with only METADATA_GLOBALS allowed. DCP's own reader unpickles
+    it unrestricted, so this comes before every DCP call that opens the folder (docs/checkpoints.md)."""
+    from torch.distributed.checkpoint.metadata import Metadata  # slow to import (the module docstring)
+    file = os.path.join(path, ".metadata")
+    try:
+        with open(file, "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+    except Refused as e:
+        raise UserError(f"{file} is unsafe, not loaded: it names {e}, which no sharded checkpoint holds, and "
+                        f"loading it could run code; use a checkpoint from a source you trust") from None
+    except Exception as e:  # noqa: BLE001 - missing, unreadable or not DCP's: the folder's fault either way
+        raise UserError(f"{path} is not a whole sharded checkpoint: its .metadata cannot be read "
+                        f"({type(e).__name__}: {str(e)[:100]}); {FIX}") from None
+    if not isinstance(metadata, Metadata):
+        raise UserError(f"{path} is not a whole sharded checkpoint: its .metadata cannot be read (it holds a "
+                        f"{type(metadata).__name__}); {FIX}")
+    return metadata
 
 
 def is_sharded(model):
@@ -26,9 +70,8 @@ def is_sharded(model):
 
 
 def save_sharded(out_dir, model, optimizer, train_state, before_replace=None):
-    """Every rank writes its shards of the model and optimizer; rank 0 also the training state. Written to a
-    temporary folder and renamed, so a crash mid-save leaves the previous checkpoint whole.
-    before_replace: rank 0's last check before the renames (it may raise to call them off)."""
+    """Every rank writes its shards, rank 0 also the training state, into a temporary folder renamed into place:
+    a crash mid-save leaves the previous checkpoint whole. before_replace: rank 0's last check before that."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     final = os.path.join(out_dir, DCP_DIR)
@@ -54,6 +97,7 @@ def load_sharded(path, model, optimizer):
     """Fill the (already sharded) model and optimizer from a sharded checkpoint, each rank its own part."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    read_metadata(path)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=path)
@@ -61,8 +105,8 @@ def load_sharded(path, model, optimizer):
 
 
 def sharded_checkpoint(out_dir, required=False):
-    """The sharded checkpoint's folder, or None (required: one line saying what is there instead). A crash
-    between save_sharded's two renames leaves only the .old folder, then the latest whole checkpoint."""
+    """The sharded checkpoint's folder, or None (required: one line saying what is there instead). A crash between
+    save_sharded's two renames leaves only the .old folder, then the latest whole checkpoint."""
     for name in (DCP_DIR, DCP_DIR + ".old"):
         path = os.path.join(out_dir, name)
         if os.path.exists(os.path.join(path, TRAIN_STATE)):
@@ -92,15 +136,9 @@ def newer_sharded(out_dir):
 
 
 def load_train_state(path):
-    """A sharded checkpoint's training state, after checking the folder is whole: DCP's .metadata, model
-    weights in it, and every shard file it names, as long as it says. A folder copied in part would otherwise
-    fail deep in DCP's reader, or only after the conversion's work."""
-    import torch.distributed.checkpoint as dcp
-    try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
-    except Exception as e:  # noqa: BLE001 - missing, unreadable or not DCP's: the folder's fault either way
-        raise UserError(f"{path} is not a whole sharded checkpoint: its .metadata cannot be read "
-                        f"({type(e).__name__}: {str(e)[:100]}); {FIX}") from None
+    """A sharded checkpoint's training state, once the folder is checked whole: .metadata, model weights in it,
+    and every shard file it names, as long as it says (a partial copy would fail deep in DCP's reader)."""
+    metadata = read_metadata(path)
     if not any(key.startswith("model.") for key in metadata.state_dict_metadata):
         raise UserError(f"{path} is not a sharded checkpoint of a model: its .metadata lists no model weights")
     needed = {}  # each shard file's least size: the end of the last tensor it holds
@@ -119,16 +157,16 @@ def load_train_state(path):
 
 
 def convert_sharded(out_dir):
-    """Turn out_dir's sharded checkpoint into one ckpt.pt beside it, in one process, no GPU needed: weights
-    and training state (the optimizer state stays behind: DCP keys it by parameter name, not torch.optim's
-    layout). Everything is checked before the work. Returns the path written, or None when the save failed."""
+    """Turn out_dir's sharded checkpoint into one ckpt.pt beside it, in one process: weights and training state
+    (DCP keys the optimizer state by parameter name, not torch.optim's layout: it stays behind). Everything is
+    checked before the work. Returns the path written, or None when the save failed."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     path, target = sharded_checkpoint(out_dir, required=True), os.path.join(out_dir, 'ckpt.pt')
     if os.path.isdir(target):
         raise UserError(f"{target} is a folder: move it aside, the conversion writes the checkpoint there")
     rundir.check_writable(out_dir)
-    state = load_train_state(path)
+    state = load_train_state(path)  # read_metadata first
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         try:
             dcp_to_torch_save(path, os.path.join(tmp, 'full.pt'))  # gathers every rank's shards
