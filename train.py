@@ -184,7 +184,8 @@ opt = optim.build(raw_model, run.optimizer, run.device_type)
 # the rest of the training state (a resumed run's is where its checkpoint left it), and the log
 log = TrainLog(run.out_dir, enabled=run.master and run.writes)
 state = checkpoint.restore(source.checkpoint, model, opt, scaler, train_loader, log, run.rank, run.world_size)
-saver = checkpoint.Saver(run.out_dir, claim, source.checkpoint)  # the last good checkpoint, divergence, ownership
+saver = checkpoint.Saver(run.out_dir, claim, source.checkpoint,  # the last good checkpoint, divergence, ownership
+                         keep_best=not (run.always_save_checkpoint or run.checkpoint_interval or run.sharded))
 iter_num, best_val_loss = state['iter_num'], state['best_val_loss']
 nonfinite = step.NonFinite(run.max_nonfinite_steps, state['skipped_steps'])  # updates skipped for a NaN/inf
 if iter_num >= run.max_iters and not run.eval_only:
@@ -247,14 +248,15 @@ def finish(stopped=False):
     """The end of a run, done or stopped by a signal (between steps or in an evaluation, abandoned: iter_num's state
     saved as it is, then exit): the totals, the page reads the last rows, the process group goes."""
     saved = stopped and run.writes and save()  # eval_only writes nothing
-    good = saver.good[0] if saver.good and (saved or not stopped) else None  # a failed save is not resumed from
+    good = saver.good if saver.good and (saved or not stopped) else None  # a failed save is not resumed from
+    then = (f"the same command plus --init_from=resume (and --out_dir={run.out_dir})" if stopped else
+            f"python sample.py --out_dir={run.out_dir}") if good else None
     log.end(iter_num, run.tokens_at(iter_num), run.start_iter, run.start_tokens, elapsed(), time.time() - _launch_time,
             stopped, best_val_loss=best_val_loss if best_val_loss < 1e9 else None, checkpoint=good,
-            next_command=f"python sample.py --out_dir={run.out_dir}" if good and not stopped else None)
+            best=saver.best_file(), next_command=then)
     if stopped and run.master and run.writes:
-        print(f"stopped at iteration {iter_num}; " + (
-            f"continue with the same command plus --init_from=resume (and --out_dir={run.out_dir})" if saved else
-            f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
+        print(f"stopped at iteration {iter_num}; " + (f"continue with {then}" if saved else
+              f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
     if dashboard is not None:
         dashboard.finish()  # a page that is open reads the run's last rows before the server ends
     if run.torchrun:

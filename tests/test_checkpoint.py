@@ -106,6 +106,35 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_pat
     assert [row["step"] for row in log_rows(out)] == list(range(n + 3))  # rows n.. are the resumed run's
 
 
+def test_a_stop_keeps_the_best_weights_where_the_summary_says(data_dir, tmp_path):
+    """always_save_checkpoint=False: ckpt.pt holds the best val loss's weights. A stop's save (a later step)
+    keeps them as ckpt-best.pt first, and the summary and the log's end row say which file holds what, with the
+    command that resumes; a resumed run keeps saying so, or, past a new best, drops the stale copy."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}",
+                             *flags(max_iters=100000, always_save_checkpoint=False, learning_rate=1e-2)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(out, 8, proc)  # evaluations at steps 0 and 5: the second is a new best, saved to ckpt.pt
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr[-2000:]
+    (end,) = log_rows(out, "end")
+    best, last = load_checkpoint(str(out / "ckpt-best.pt")), load_checkpoint(str(out / "ckpt.pt"))
+    assert end["best_checkpoint"] == str(out / "ckpt-best.pt") and end["best_step"] == best["iter_num"] >= 5
+    assert end["checkpoint"] == str(out / "ckpt.pt") and end["checkpoint_step"] == last["iter_num"] > best["iter_num"]
+    assert best["best_val_loss"] == end["best_val_loss"]  # the weights the best val loss was measured on
+    assert f"(step {best['iter_num']}, its weights in {out / 'ckpt-best.pt'}), checkpoint {out / 'ckpt.pt'} " \
+           f"(step {last['iter_num']})" in stdout, stdout[-2000:]
+    assert "--init_from=resume" in end["next_command"]
+    train(data_dir, out, *flags(max_iters=last["iter_num"] + 6, always_save_checkpoint=False, init_from="resume"))
+    end = log_rows(out, "end")[-1]
+    if end["best_checkpoint"] == str(out / "ckpt.pt"):  # a new best: ckpt.pt holds it, no stale copy stays
+        assert not (out / "ckpt-best.pt").exists() and end["best_step"] == load_checkpoint(str(out / "ckpt.pt"))[
+            "iter_num"]
+    else:
+        assert end["best_checkpoint"] == str(out / "ckpt-best.pt") and end["best_step"] == best["iter_num"]
+
+
 def test_second_signal_exits_at_once(tmp_path):
     script = ("import os, signal, sys, time\nsys.path.insert(0, %r)\nfrom gpt.runtime.signals import StopRequest\n"
               "stop = StopRequest()\nos.kill(os.getpid(), signal.SIGTERM)\nprint('first handled:', stop.requested())\n"

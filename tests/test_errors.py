@@ -413,8 +413,9 @@ def test_ctrl_c_before_training_is_one_short_line(tmp_path):
 
 def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path):
     """Under torchrun every rank meets a bad setting: the line is printed once (rank 0), local rank 0 exits 2
-    and torchrun's failure summary shows the line, for that one worker, instead of a pointer to its docs. torchrun itself exits 1
-    with its own ChildFailedError traceback: that is torchrun's, whatever its workers' status."""
+    and torchrun's failure summary shows the line, for that one worker, instead of a pointer to its docs.
+    torchrun itself exits 1 with its own ChildFailedError traceback: that is torchrun's, whatever its workers'
+    status."""
     shared = Shared(str(tmp_path))
     r = run_script("train.py", *TRAIN_BASE, f"--data_dir={shared.data()}", f"--out_dir={tmp_path / 'out'}",
                    "--dropout=1.5", nproc=2, check=False, timeout=240)

@@ -73,7 +73,7 @@ def test_step_lines_the_data_at_the_start_and_the_totals_at_the_end(data_dir, tm
     assert end["kind"] == "end" and end["step"] == 4 and end["tokens"] == 256 and end["stopped"] is False
     # what the run leaves and what to type next, below the totals, and in the end row
     assert end["checkpoint"] == str(out / "ckpt.pt") and end["next_command"] == f"python sample.py --out_dir={out}"
-    assert re.search(rf"^done: .*\n(best val loss [\d.]+, )?checkpoint {re.escape(str(out / 'ckpt.pt'))}\n"
+    assert re.search(rf"^done: .*\n(best val loss [\d.]+, )?checkpoint {re.escape(str(out / 'ckpt.pt'))} \(step 4\)\n"
                      rf"next: python sample.py --out_dir={re.escape(str(out))}$", r.stdout, re.M), r.stdout[-800:]
     # resumed for more: the end row goes (it came after the checkpoint); the new end counts this launch too
     r = train(data_dir, out, max_iters=6, checkpoint_interval=2, init_from="resume")

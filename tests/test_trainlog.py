@@ -120,22 +120,30 @@ def test_end_says_the_totals_what_the_run_leaves_and_what_to_type_next(tmp_path,
     # a resumed run: 1,000 steps before this launch, the token count its checkpoint kept (not step * tokens per
     # step: a run may change its batch when it resumes)
     log.end(2000, 30_000_000, 1000, 14_000_000, 835.0, 421.0, best_val_loss=1.46971,
-            checkpoint=str(tmp_path / "ckpt.pt"), next_command=f"python sample.py --out_dir={tmp_path}")
+            checkpoint=(str(tmp_path / "ckpt.pt"), 2000), next_command=f"python sample.py --out_dir={tmp_path}")
     assert capsys.readouterr().out.splitlines() == [
         "done: 2,000 steps, 30,000,000 tokens, 13m55s of training (this launch: 1,000 steps, 16,000,000 tokens "
         "in 7m01s)",
-        f"best val loss 1.4697, checkpoint {tmp_path / 'ckpt.pt'}",
+        f"best val loss 1.4697, checkpoint {tmp_path / 'ckpt.pt'} (step 2,000)",
         f"next: python sample.py --out_dir={tmp_path}"]
     assert read_log(tmp_path)[-1] == {"kind": "end", "step": 2000, "tokens": 30_000_000, "time": 835.0,
                                       "stopped": False, "best_val_loss": 1.46971,
-                                      "checkpoint": str(tmp_path / "ckpt.pt"),
+                                      "checkpoint": str(tmp_path / "ckpt.pt"), "checkpoint_step": 2000,
+                                      "best_checkpoint": None, "best_step": None,
                                       "next_command": f"python sample.py --out_dir={tmp_path}"}
+    # stopped after the best: ckpt.pt holds the stop's step, the best weights another file; the row keeps the
+    # resume command, which the stop's own line prints
+    log.end(1218, 1218, 0, 0, 60.0, 61.0, stopped=True, best_val_loss=2.078, checkpoint=("ckpt.pt", 1218),
+            best=("ckpt-best.pt", 1000), next_command="the same command plus --init_from=resume")
+    assert capsys.readouterr().out.splitlines()[1] == ("best val loss 2.0780 (step 1,000, its weights in "
+                                                       "ckpt-best.pt), checkpoint ckpt.pt (step 1,218)")
+    assert read_log(tmp_path)[-1]["next_command"] == "the same command plus --init_from=resume"
     # a first launch stopped by a signal, without an evaluation (no best val loss): one line, nulls in the row
-    log.end(6, 384, 0, 0, 2.5, 3.0, stopped=True, best_val_loss=float("inf"))
-    assert capsys.readouterr().out == "stopped: 6 steps, 384 tokens, 2.5s of training\n"
-    assert read_log(tmp_path)[-1] == {"kind": "end", "step": 6, "tokens": 384, "time": 2.5, "stopped": True,
-                                      "best_val_loss": None, "checkpoint": None, "next_command": None}
-
+    log.end(1, 64, 0, 0, 2.5, 3.0, stopped=True, best_val_loss=float("inf"))
+    assert capsys.readouterr().out == "stopped: 1 step, 64 tokens, 2.5s of training\n"
+    assert read_log(tmp_path)[-1] == {"kind": "end", "step": 1, "tokens": 64, "time": 2.5, "stopped": True,
+                                      "best_val_loss": None, "checkpoint": None, "checkpoint_step": None,
+                                      "best_checkpoint": None, "best_step": None, "next_command": None}
 
 def rows_of(*rows):
     return "".join(json.dumps(row) + "\n" for row in rows)

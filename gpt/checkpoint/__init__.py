@@ -30,6 +30,8 @@ from model import GPT, GPTConfig
 DIVERGENCE_MARGIN = 1.0
 # prefixes that torch.compile (_orig_mod.) and DDP (module.) put in front of parameter names
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+# where a run whose ckpt.pt holds the best val loss's weights keeps them when a later step's save replaces it
+BEST_NAME = "ckpt-best.pt"
 # how torch.save's legacy (pre-zip) files begin: pickle protocol 2, then torch's magic number as a long
 LEGACY_START = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
@@ -83,7 +85,14 @@ def portable(optimizer_state):
 
 def keep_numbered_copy(path, iter_num, keep):
     """Besides ckpt.pt, keep the last `keep` checkpoints as ckpt-<iter>.pt (hard links: no extra disk)."""
-    copy = os.path.join(os.path.dirname(path), f"ckpt-{iter_num:07d}.pt")
+    name = f"ckpt-{iter_num:07d}.pt"
+    if copy_file(path, os.path.dirname(path), name):
+        prune_checkpoints(os.path.dirname(path), name, keep)
+
+
+def copy_file(path, folder, name):
+    """folder/name as a hard link to path (a copy where the file system has none); returns whether it is there."""
+    copy = os.path.join(folder, name)
     try:
         if os.path.lexists(copy):  # a link there too (even one to nothing): removed, never written through
             os.remove(copy)
@@ -92,10 +101,19 @@ def keep_numbered_copy(path, iter_num, keep):
         except OSError:  # file systems without hard links
             with open(path, "rb") as src, atomic_write(copy) as dst:
                 shutil.copyfileobj(src, dst)
+        return True
     except OSError as e:
-        print(f"error: could not keep a numbered copy of {path} ({e.strerror or e})")
-        return
-    prune_checkpoints(os.path.dirname(path), os.path.basename(copy), keep)
+        print(f"error: could not keep a copy of {path} as {copy} ({e.strerror or e})")
+        return False
+
+
+def remove(path, what):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        print(f"error: could not remove {what} {path} ({e.strerror or e})")
 
 
 def prune_checkpoints(folder, name, keep):
@@ -104,10 +122,7 @@ def prune_checkpoints(folder, name, keep):
     kind = re.compile(re.escape(re.match(r"\D*", name).group()) + r"(\d+).*\.pt")
     copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := kind.fullmatch(f)))
     for _, old in copies[:-keep]:
-        try:
-            os.remove(os.path.join(folder, old))
-        except OSError as e:
-            print(f"error: could not remove the old checkpoint {old} ({e.strerror or e})")
+        remove(os.path.join(folder, old), "the old checkpoint")
 
 
 def rng_state():
@@ -174,11 +189,15 @@ class Saver:
     broken (diverged) or its last save failed, and whose out_dir it is (claim: rank 0's rundir.Claim).
     resumed: load_for_resume's checkpoint, or None."""
 
-    def __init__(self, out_dir, claim=None, resumed=None):
+    def __init__(self, out_dir, claim=None, resumed=None, keep_best=False):
         self.out_dir, self.claim = out_dir, claim
-        self.good = self.initial_val_loss = self.diverged = self.save_failed = None
+        self.good = self.initial_val_loss = self.diverged = self.save_failed = self.new_best = None
+        # keep_best: ckpt.pt is the best val loss's weights (always_save_checkpoint=False), so a save of a later
+        # step (a stop's) first keeps them as BEST_NAME; best: (file name, step) holding them, where known
+        self.keep_best, self.best = keep_best, None
         if resumed is not None:
             self.good = (resumed['path'], resumed.get('iter_num', 0))
+            self.best = tuple(resumed['best_checkpoint']) if resumed.get('best_checkpoint') else None
             # a checkpoint that does not record it (nanoGPT's): an untrained model's loss is ln(vocab_size)
             self.initial_val_loss = resumed.get('initial_val_loss') or math.log(resumed['model_args']['vocab_size'])
 
@@ -187,6 +206,7 @@ class Saver:
         untrained model's."""
         if self.initial_val_loss is None and math.isfinite(val_loss):
             self.initial_val_loss = val_loss
+        self.new_best = iter_num if val_loss < best_val_loss else self.new_best
         self.diverged = divergence(iter_num, val_loss, best_val_loss, self.initial_val_loss)
         if self.diverged and is_master():
             print(f"step {iter_num}: not saving a checkpoint: {self.diverged}")
@@ -233,11 +253,18 @@ class Saver:
         if bad is not None:
             print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({self.last_good()})")
             return False
+        best_now = name is None and self.keep_best and self.new_best == state["iter_num"]
+        if name is None and self.keep_best and not best_now and self.best and self.best[0] == "ckpt.pt":
+            self.best = (BEST_NAME, self.best[1]) if copy_file(path, self.out_dir, BEST_NAME) else None
         print(f"saving checkpoint to {path}")
-        ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state}
+        best = ("ckpt.pt", state["iter_num"]) if best_now else self.best
+        ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state, "best_checkpoint": best}
         self.save_failed = write_checkpoint(ckpt, path, before_replace=last_check)
         if self.save_failed:
             return False
+        if best_now and self.best and self.best[0] == BEST_NAME:  # ckpt.pt is the best again: no stale copy
+            remove(os.path.join(self.out_dir, BEST_NAME), "the earlier best checkpoint")
+        self.best = best
         if name is None:
             self.good = (path, state["iter_num"])
             if keep > 0:
@@ -245,6 +272,10 @@ class Saver:
         elif keep > 0:
             prune_checkpoints(self.out_dir, name, keep)
         return True
+
+    def best_file(self):
+        """(path, step) of the checkpoint holding the best val loss's weights, where known."""
+        return self.best and (os.path.join(self.out_dir, self.best[0]), self.best[1])
 
     def last_good(self):
         """The checkpoint to go back to, in words: the last this run wrote or resumed from."""

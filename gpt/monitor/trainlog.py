@@ -111,24 +111,32 @@ class TrainLog:
             self.wandb.log(wandb_metrics(row))
 
     def end(self, step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped=False,
-            best_val_loss=None, checkpoint=None, next_command=None):
-        """The run is over (done, or stopped to be resumed): print its totals and what to do next, and write
-        them in an "end" row, the dashboard's sign that the run is no longer live. tokens: the run's total,
-        every launch's included; start_tokens: the total when this launch started."""
+            best_val_loss=None, checkpoint=None, best=None, next_command=None):
+        """The run is over (done, or stopped to be resumed): print its totals, which checkpoint holds what, and
+        what to do next (a stopped run's line says it itself), and write them in an "end" row, the dashboard's
+        sign that the run is no longer live. tokens: the run's total, every launch's included; start_tokens: the
+        total when this launch started; checkpoint, best: (path, step) of the last checkpoint and of the one
+        holding the best val loss's weights, where known."""
         if not self.enabled:
             return
         launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
                   f"{duration(launch_seconds)})" if start_step else "")
-        print(f"{'stopped' if stopped else 'done'}: {step:,} steps, {tokens:,} tokens, {duration(seconds)} of "
-              f"training{launch}")
-        kept = ([f"best val loss {best_val_loss:.4f}"] if best_val_loss is not None and math.isfinite(best_val_loss)
-                else []) + ([f"checkpoint {checkpoint}"] if checkpoint else [])
+        print(f"{'stopped' if stopped else 'done'}: {step:,} step{'s' * (step != 1)}, {tokens:,} tokens, "
+              f"{duration(seconds)} of training{launch}")
+        kept = []
+        if best_val_loss is not None and math.isfinite(best_val_loss):
+            elsewhere = best and best[0] != (checkpoint or (None,))[0]
+            kept.append(f"best val loss {best_val_loss:.4f}" + (f" (step {best[1]:,}" if best else "")
+                        + (f", its weights in {best[0]})" if elsewhere else ")" if best else ""))
+        if checkpoint:
+            kept.append(f"checkpoint {checkpoint[0]} (step {checkpoint[1]:,})")
         if kept:
             print(", ".join(kept))
-        if next_command:
+        if next_command and not stopped:
             print(f"next: {next_command}")
         self.write(kind="end", step=step, tokens=tokens, time=seconds, stopped=stopped, best_val_loss=best_val_loss,
-                   checkpoint=checkpoint, next_command=next_command)
+                   checkpoint=checkpoint and checkpoint[0], checkpoint_step=checkpoint and checkpoint[1],
+                   best_checkpoint=best and best[0], best_step=best and best[1], next_command=next_command)
 
 
 def duration(seconds):
