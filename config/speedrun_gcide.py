@@ -1,10 +1,7 @@
-# Time to quality (docs/speedrun.md): reach nanoGPT's GPT-2 124M val loss on the gcide corpus
-# (shared/bench/gcide_nanogpt.py: 400 steps of 65,536 tokens) in a quarter of its wall-clock time from launch,
-# on one GPU, cold. Same model size, data and tokenizer; the optimizer, a few architecture switches, the batch
-# and the schedule each come from the modded-nanogpt speedrun (github.com/KellerJordan/modded-nanogpt) or a
-# paper, chosen because they have transferred across models and data: docs/speedrun.md's table gives each
-# setting's source and reason. Any other corpus: --dataset=techdocs (data/techdocs, built by dev/techdocs.py).
-# dev/speedrun.py runs it against nanoGPT, back to back; docs/speedrun.md has the measured table.
+# Time to quality (docs/speedrun.md): reach nanoGPT's GPT-2 124M val loss on the gcide corpus in a quarter of its
+# wall-clock time from launch, on one GPU, cold, with the same model size, data and tokenizer. Each setting below
+# comes from the modded-nanogpt speedrun or a paper: docs/speedrun.md's table gives its source and reason.
+# --dataset=techdocs for the other corpus; dev/speedrun.py runs it against nanoGPT, back to back.
 out_dir = 'out-speedrun'
 dataset = 'gcide'
 
@@ -24,14 +21,10 @@ skip_connections = True  # U-net skips: block j's output, times a learned weight
 # the optimizer: Muon for the blocks' matrices (gpt/optim/muon.py), AdamW for the rest
 optimizer = 'muon'
 muon_lr = 0.02  # Muon's reference rate (KellerJordan/Muon's default); its updates have unit spectral scale
-# Nesterov momentum 0.9, not KellerJordan/Muon's 0.95: modded-nanogpt's early steps run at 0.85-0.9, and at
-# the same steps 0.9 reached a lower loss than 0.95, 0.85 or 0.8 (docs/records/2026-11-27-speedrun.md)
-muon_momentum = 0.9
+muon_momentum = 0.9  # not KellerJordan/Muon's 0.95: modded-nanogpt's early steps run at 0.85-0.9
 muon_weight_decay = 0.0  # modded-nanogpt's short runs use none
 learning_rate = 6e-3  # AdamW's, for embeddings, head and norm gains only: modded-nanogpt's head rate is 8e-3
-# the value-embedding and skip weights (learned scalars near 1) at modded-nanogpt's scalar rate: at
-# learning_rate they barely move in a run this short. The value tables themselves train at learning_rate
-scalar_lr = 0.04
+scalar_lr = 0.04  # the skip and value-embedding weights' (modded-nanogpt's): at learning_rate they barely move
 weight_decay = 0.0  # nothing to regularise in a run of one or two epochs (modded-nanogpt: none)
 beta1, beta2 = 0.9, 0.95
 grad_clip = 0.0  # no clipping (modded-nanogpt); Muon normalises its updates, the norm is still logged
@@ -41,10 +34,9 @@ lr_decay_frac = 0.4
 min_lr = 0.0  # both rates decay to zero (Muon's is muon_lr / learning_rate times AdamW's at every step)
 decay_lr = True
 
-# batch: 16 sequences of 1024 tokens a step (a quarter of nanoGPT's 65,536), one micro-step: Muon makes more
-# of a token in smaller steps. The run's length trades time against loss: 190 steps = 3.1M tokens. The WSD
-# decay ends with the run, so the best checkpoint is the last one: change max_iters, not where to stop
-# reading (and warmup_iters with it, about a sixth of the run).
+# batch: 16 sequences of 1024 tokens a step, one micro-step: Muon makes more of a token in smaller steps.
+# 190 steps = 3.1M tokens; the WSD decay ends with the run, so trade time against loss with max_iters (and
+# warmup_iters, about a sixth of it), not by stopping early.
 total_batch_size = 16_384
 batch_size = 16
 max_iters = 190

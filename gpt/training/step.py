@@ -88,10 +88,8 @@ class NonFinite:
 
 
 class StepMeter:
-    """A training step's line and log row: its loss (averaged over the ranks: every rank calls step), rate and
-    gradient norm, time, throughput, MFU (a running mean, from a launch's 6th step on: the first ones compile
-    and warm up), peak memory, the run's elapsed time and an eta: the steps left to max_iters at the mean
-    logged step time, the launch's first step (compilation) left out, as are evaluations (train.py's dt)."""
+    """A training step's line and log row (docs/monitoring.md): every rank calls step, which averages the loss
+    over them. MFU is a running mean from a launch's 6th step on: the first ones compile and warm up."""
 
     def __init__(self, log, model, run):
         self.log, self.model, self.run, self.mfu = log, model, run, -1.0
