@@ -200,8 +200,7 @@ DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", 
 
 
 def usage(declared, script):
-    """What --help prints: how to call the script, every setting with its default and documentation, and
-    where the settings are described."""
+    """What --help prints: the call, every setting with its default and documentation, and where they are described."""
     name = os.path.basename(script)
     lines = [f"usage: python {name} [config_file.py ...] [--key=value ...]",
              "Config files (Python files that assign settings) and --key=value flags apply in order; later ones "

@@ -364,8 +364,6 @@ def refuse_other_architecture(config, given, src, theirs, skip=()):
     """One line for every architecture field the user set that differs from the model being started from.
     Values are compared as GPTConfig understands them (n_kv_head=0 is n_head, mlp_hidden=0 the default)."""
     keys = [k for k in GPTConfig.fields_of(ARCHITECTURE) if k in given and k not in skip]
-    if not keys:
-        return
     try:
         asked = asdict(GPTConfig(**{**theirs, **{k: config[k] for k in keys},
                                     **{k: 0 for k in ('n_kv_head', 'mlp_hidden') if k in keys and not config[k]}}))
