@@ -96,9 +96,8 @@ def batch_changes(c):
 
 
 def global_batch(c, block_size):
-    """(total_batch_size, note): the tokens a step for a run of this block_size (0: nanoGPT's
-    gradient_accumulation_steps x batch_size sequences), and why when it is not the one set: a later file or
-    flags that change SHAPE change the batch as in nanoGPT (docs/configuration.md, total_batch_size)."""
+    """(total_batch_size, note): the tokens a step at this block_size (0: nanoGPT's gradient_accumulation_steps x
+    batch_size sequences), and why when a later SHAPE changed it (docs/configuration.md, total_batch_size)."""
     total = c['total_batch_size']
     where, shape, later = batch_changes(c)
     if not total or not later:

@@ -37,11 +37,8 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
 
 
 def update(optimizer, scaler, grad_norm):
-    """optimizer.step(), skipped where grad_norm is not finite: a NaN/inf loss or gradient would poison the
-    weights. float16: the GradScaler finds the infs itself (and lowers its scale). An optimizer whose AdamW
-    groups all run the fused kernel, which reads found_inf (Muon's groups, gpt/optim/muon.py, read it
-    themselves), skips it on the device; others (CPU, MPS) read the norm. optimizer.held (the CUDA graph's
-    warm-up) skips every update."""
+    """optimizer.step(), skipped where grad_norm is not finite (docs/checkpoints.md#numerical-faults says how);
+    optimizer.held (the CUDA graph's warm-up) skips every update."""
     held = getattr(optimizer, 'held', False)
     adamw = [g for g in optimizer.param_groups if not g.get('muon')]
     if scaler.is_enabled():
