@@ -96,8 +96,7 @@ def profile_path(B):
 
 
 def real_tokens():
-    """train.bin of data/<dataset> or data_dir (its first shard, for a sharded dataset), checked as train.py
-    checks it."""
+    """train.bin of data/<dataset> or data_dir (a sharded dataset's first shard), checked as train.py checks it."""
     folder, meta, hint = find_dataset(dataset, data_dir)
     shards = list_shards(folder, 'train')
     if not shards:
@@ -197,12 +196,9 @@ def bench_train(B):
     if cuda_graph:  # the same step, replayed from a graph
         graph = stepgraph.StepGraph(step_model, opt, ctx, grad_clip, 1, B, block_size, device, scaler=scaler)
         set_lr(opt, learning_rate)
-
-        def step():
-            return graph.run([next(data)])[0]
-    else:
-        def step():  # train.py's step (gpt/training/step.py), one micro-step
-            return train_step(step_model, opt, scaler, [next(data)], 1, ctx, grad_clip)[0]
+        step = lambda: graph.run([next(data)])[0]
+    else:  # train.py's step (gpt/training/step.py), one micro-step
+        step = lambda: train_step(step_model, opt, scaler, [next(data)], 1, ctx, grad_clip)[0]
     if device_type == 'cuda':
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -15,8 +15,6 @@ from dataclasses import replace
 from gpt.runtime.errors import UserError
 from gpt.runtime.settings import MODEL, RUN, TRAINING, Setting, comments
 
-CONFIG_TYPES = (bool, int, float, str)
-
 
 def _meant(key, known):
     """The setting a typo (--batchsize) most likely meant, or None. The cutoff is above difflib's 0.6, which pairs
@@ -120,8 +118,7 @@ class _Recording(dict):
 
 
 def _bare_annotations(tree):
-    """The statements `name: value` of a file's module level: annotations, which assign nothing (Python reads a
-    YAML line so)."""
+    """A file's module-level statements `name: value` (a YAML line): annotations, which assign nothing."""
     todo = list(tree.body)
     while todo:
         node = todo.pop(0)
@@ -203,14 +200,12 @@ DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", 
 
 
 def usage(declared, script):
-    """What --help prints: how to call the script, every setting with its default and documentation, and
-    where the settings are described."""
+    """What --help prints: the call, every setting with its default and documentation, and where they are described."""
     name = os.path.basename(script)
     lines = [f"usage: python {name} [config_file.py ...] [--key=value ...]",
              "Config files (Python files that assign settings) and --key=value flags apply in order; later ones "
              "win.", "Settings, with their defaults:"]
-    for key, s in declared.items():
-        lines.append(f"  --{key}={s.default!r}" + (f"  # {s.doc}" if s.doc else ""))
+    lines += [f"  --{key}={s.default!r}" + (f"  # {s.doc}" if s.doc else "") for key, s in declared.items()]
     if name == "train.py":
         lines.append(f"Every setting is described in {DOCS[name]}.")
     elif name in DOCS:
@@ -230,14 +225,13 @@ def markdown(declared):
 
 
 def apply(g, argv, *sections):
-    """Apply config files and --key=value flags in `argv` to the globals `g` (and to the sections: more
-    settings, declared as dicts of name -> Setting, or plain dicts of name -> default, which are updated in
-    place); return the final config (a Config: a dict, plus .given and .declared).
+    """Apply config files and --key=value flags in `argv` to the globals `g` and to `sections` (more settings:
+    dicts of name -> Setting, or plain dicts of name -> default, updated in place); return the final Config.
     -h or --help prints every setting with its default and documentation, and exits."""
     script = g.get("__file__") or sys.argv[0]
     notes = {k: v for k, v in g.get("__annotations__", {}).items() if isinstance(v, Setting) and k in g}
     if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)
-        notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, CONFIG_TYPES)}
+        notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
     docs = _comments(script)
     declared = {k: replace(s, default=g[k], doc=docs.get(k, s.doc)) for k, s in notes.items()}
     home = dict.fromkeys(declared, g)  # where a setting's value is written back: the globals, or a plain dict section
@@ -248,11 +242,8 @@ def apply(g, argv, *sections):
                 if not isinstance(v, Setting):
                     home[k] = section
     values = {k: s.default for k, s in declared.items()}
-    if "-h" in argv or "--help" in argv:
-        print(usage(declared, script))
-        raise SystemExit(0)
-    if "--help=markdown" in argv:
-        print(markdown(declared))
+    if {"-h", "--help", "--help=markdown"} & set(argv):
+        print(usage(declared, script) if {"-h", "--help"} & set(argv) else markdown(declared))
         raise SystemExit(0)
     sources = []  # (config file or 'flags', {key: value}), in order
     for arg in argv:

@@ -1,7 +1,6 @@
-# Reproduce GPT-2 (124M) the build-nanogpt way: 10B tokens of FineWeb-Edu, one epoch, ~0.5M tokens a step.
+# Reproduce GPT-2 (124M) the build-nanogpt way (docs/fineweb.md): 10B tokens of FineWeb-Edu, one epoch, ~0.5M a step.
 # $ python data/fineweb/prepare.py        # sample-10BT, ~100 shards of 100M tokens
 # $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_fineweb.py
-# build-nanogpt reaches HellaSwag acc_norm ~0.30 (OpenAI's GPT-2 124M: 0.2955; GPT-3 124M: 0.337).
 
 dataset = 'fineweb'
 out_dir = 'out-gpt2-fineweb'

@@ -39,7 +39,6 @@ warmup_tokens = 1_638_400
 min_lr = 1e-4
 beta2 = 0.99  # make a bit bigger because number of tokens per iter is small
 
-# as config/train_shakespeare_char.py: a model this small is bound by launching kernels, so each step is
-# replayed from a CUDA graph (one CUDA GPU), and a cold compile would cost more than it saves
+# as config/train_shakespeare_char.py: each step replayed from a CUDA graph (one CUDA GPU), no cold compile
 cuda_graph = True
 compile = False

@@ -85,7 +85,7 @@ def test_a_token_budget_runs_the_same_schedule_and_keeps_checkpoints(data_dir, t
     assert [r["step"] for r in train_b] == list(range(12))  # stopped at the step that reached the budget
     assert [(r["lr"], r["loss"], r["tokens"]) for r in train_a] == [(r["lr"], r["loss"], r["tokens"]) for r in train_b]
     assert [r["percent"] for r in train_b] == pytest.approx([100 * (n + 1) / 12 for n in range(12)])
-    assert re.search(r"^iter 11: .*, 768 tokens \(100\.0%\)$", b.stdout, re.M), b.stdout[-1500:]
+    assert re.search(r"^iter 11: .*, 768 tokens \(100\.0%\), elapsed \S+, eta \S+$", b.stdout, re.M), b.stdout[-1500:]
     # a checkpoint at the first step past each 200 tokens (steps 4, 7, 10), after an evaluation for its name;
     # the last two kept, beside ckpt.pt
     evals = {r["step"]: r for r in log_rows(by_tokens, "eval")}

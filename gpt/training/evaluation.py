@@ -45,10 +45,8 @@ def all_ranks_mean(value, device):
 
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, device, stop=None):
-    """Mean loss over eval_iters batches of each split, from loader(split) - made afresh each time, with a
-    fixed seed, so the batches are the same at every evaluation and successive values compare the model,
-    not the luck of the draw. loader gives every rank the same batches (one process's), and rank r of N
-    evaluates batches r, r+N, ...: any number of processes averages the same batches (docs/monitoring.md#evaluations).
+    """Mean loss over eval_iters batches of each split, from loader(split): the same batches at every evaluation
+    and on any number of processes, rank r of N evaluating batches r, r+N, ... (docs/monitoring.md#evaluations).
     stop(), asked after each batch (on every rank alike: it may be a collective), abandons the evaluation:
     the result is then None, never a partial mean."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
@@ -82,9 +80,8 @@ def estimate_loss(model, loader, eval_iters, ctx, device, stop=None):
 
 
 class Progress:
-    """An evaluation's progress, on rank 0 only: a tqdm bar once it has run EVAL_BAR_DELAY seconds, where
-    stderr is a terminal (it goes away when done); elsewhere (a log file) a line every EVAL_LINE_EVERY
-    seconds, so a long evaluation does not look like a hung run."""
+    """An evaluation's progress, on rank 0 only: a tqdm bar after EVAL_BAR_DELAY seconds on a terminal, elsewhere
+    a line every EVAL_LINE_EVERY seconds, so a long evaluation does not look like a hung run."""
 
     def __init__(self, total, quiet=False):
         self.total, self.done, self.start = total, 0, time.time()

@@ -53,11 +53,9 @@ def source(init_from, out_dir, parallelism):
     if init_from in GPT2_HUB:
         check_reachable(init_from)
         return Source('pretrained', init_from, dict(GPT2_HUB[init_from], vocab_size=50257, block_size=1024, bias=True))
-    if os.path.isdir(init_from):  # a transformers folder: read here, so its problems come before any side effect
-        args, weights = hf.load_pretrained(init_from)
-        return Source('pretrained', init_from, args, weights=weights)
-    raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, gpt2-large, gpt2-xl "
-                    f"or a folder written by transformers' save_pretrained")
+    # a folder (check_settings refused any other name): read now, so its problems come before any side effect
+    args, weights = hf.load_pretrained(init_from)
+    return Source('pretrained', init_from, args, weights=weights)
 
 
 def check_settings(c):
@@ -67,7 +65,7 @@ def check_settings(c):
     if not c['out_dir'].strip():
         raise UserError("out_dir is empty: give the folder the run writes to, e.g. --out_dir=out")
     init_from = c['init_from']
-    if not (init_from in ('scratch', 'resume') or init_from.startswith('gpt2') or os.path.isdir(init_from)):
+    if not (init_from in ('scratch', 'resume') or init_from in GPT2_HUB or os.path.isdir(init_from)):
         raise UserError(f"unknown init_from '{init_from}': use scratch, resume, gpt2, gpt2-medium, "
                         f"gpt2-large, gpt2-xl or a folder written by transformers' save_pretrained")
     check_init_folder(init_from)
@@ -209,10 +207,9 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
         checkpoint.check_fits(GPTConfig(**model), src.checkpoint['model'], src.name)
     check_resume(config, given, src)
     data_dir, data_label, prepare_hint = data
-    vocab = meta['vocab_size'] if meta else None
-    if vocab and vocab > model['vocab_size']:
-        raise UserError(f"{data_label} has vocab_size {vocab} but the model only {model['vocab_size']}: the data "
-                        f"and the model use different tokenizers")
+    if meta and meta['vocab_size'] > model['vocab_size']:
+        raise UserError(f"{data_label} has vocab_size {meta['vocab_size']} but the model only {model['vocab_size']}: "
+                        f"the data and the model use different tokenizers")
     check_data_for_model(meta, config['init_from'], src.checkpoint, data_label)  # the data's tokenizer is the model's
     block_size = model['block_size']
     total_batch_size, batch_note = schedule.global_batch(config, block_size)
@@ -342,14 +339,13 @@ def model_config(config, given, src, meta):
         raise UserError(f"{src.name} describes its model with {', '.join(unknown)}, which this version's GPTConfig "
                         f"does not have (model.py): load it with the version that wrote it")
     try:
-        theirs = asdict(GPTConfig(**{k: v for k, v in src.model_args.items()
-                                     if k in GPTConfig.architecture_fields()}))
+        theirs = asdict(GPTConfig(**{k: v for k, v in src.model_args.items() if k in GPTConfig.architecture_fields()}))
     except (TypeError, ValueError) as e:  # a value of the wrong type ("n_head": "2"): GPTConfig's arithmetic fails
         raise UserError(f"{src.name}: its model fields do not describe a GPT ({e})")
     crop = src.kind == 'pretrained' and 'block_size' in given and config['block_size'] <= theirs['block_size']
     refuse_other_architecture(config, given, src, theirs, skip=('block_size',) if crop else ())
-    refuse_ignored_initialisation(config, given, src)
     inits = {k: src.run_config.get(k, getattr(GPTConfig, k)) for k in GPTConfig.fields_of(INITIALISATION)}
+    refuse_ignored_initialisation(config, given, src, inits)
     return {**theirs, **inits, **runtime, 'block_size': config['block_size'] if crop else theirs['block_size']}
 
 
@@ -368,8 +364,6 @@ def refuse_other_architecture(config, given, src, theirs, skip=()):
     """One line for every architecture field the user set that differs from the model being started from.
     Values are compared as GPTConfig understands them (n_kv_head=0 is n_head, mlp_hidden=0 the default)."""
     keys = [k for k in GPTConfig.fields_of(ARCHITECTURE) if k in given and k not in skip]
-    if not keys:
-        return
     try:
         asked = asdict(GPTConfig(**{**theirs, **{k: config[k] for k in keys},
                                     **{k: 0 for k in ('n_kv_head', 'mlp_hidden') if k in keys and not config[k]}}))
@@ -388,10 +382,9 @@ def refuse_other_architecture(config, given, src, theirs, skip=()):
                     "(--init_from=scratch) in another out_dir")
 
 
-def refuse_ignored_initialisation(config, given, src):
-    """An initialisation field does nothing when the weights exist already: a value the user gave that
-    differs from what made those weights (the checkpoint's run; a pretrained model: the default) is refused."""
-    made_with = {k: src.run_config.get(k, getattr(GPTConfig, k)) for k in GPTConfig.fields_of(INITIALISATION)}
+def refuse_ignored_initialisation(config, given, src, made_with):
+    """An initialisation field does nothing when the weights exist already: a value the user gave that differs
+    from made_with (what made them: the checkpoint's run's values; a pretrained model's: the defaults) is refused."""
     differ = [k for k in made_with if k in given and config[k] != made_with[k]]
     if differ:
         raise UserError(", ".join(f"{k}={config[k]!r}" for k in differ) + " only sets how a new model's weights "
@@ -412,8 +405,7 @@ def build_model(plan, src, seed):
         if not src.checkpoint['sharded']:
             checkpoint.load_weights(model, src.checkpoint['model'], src.name)
     else:
-        args, weights = (src.model_args, src.weights) if src.weights is not None else \
-            hf.load_pretrained(src.name)
+        args, weights = (src.model_args, src.weights) if src.weights is not None else hf.load_pretrained(src.name)
         full = {**plan.model, 'block_size': args['block_size']}
         mismatch = [k for k in GPTConfig.fields_of(ARCHITECTURE)
                     if k != 'block_size' and args.get(k, full[k]) != full[k]]

@@ -21,9 +21,8 @@ def check_decay(learning_rate, min_lr, lr_schedule):
 
 def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule='cosine', lr_decay_frac=0.2,
            max_iters=None):
-    """The learning rate of step `it` (docs/configuration.md, lr_schedule): a linear warm-up, never 0 at step 0,
-    then 'cosine' (min_lr from lr_decay_iters on), 'constant' or 'wsd' (min_lr at the last step); 'none' is
-    nanoGPT's decay_lr=False: learning_rate at every step, without warm-up."""
+    """The learning rate of step `it` (docs/configuration.md, lr_schedule), never 0 at step 0; 'none' is nanoGPT's
+    decay_lr=False: learning_rate at every step, without warm-up."""
     if lr_schedule == 'none':
         return learning_rate
     if it < warmup_iters:
@@ -45,10 +44,9 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
 
 
 def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size, verbose=True):
-    """(micro_steps, micro_batch): the global batch (total_batch_size tokens, or nanoGPT's
-    gradient_accumulation_steps x batch_size sequences) shared equally by the world_size processes, each in the
-    fewest equal micro-batches of at most batch_size, so a config runs unchanged on any number of GPUs
-    (docs/configuration.md, total_batch_size)."""
+    """(micro_steps, micro_batch): the global batch (total_batch_size tokens, or nanoGPT's gradient_accumulation_steps
+    x batch_size sequences) shared equally by the world_size processes, each in the fewest equal micro-batches of
+    at most batch_size (docs/configuration.md, total_batch_size)."""
     if total_batch_size:
         if total_batch_size % block_size:
             lower = total_batch_size // block_size * block_size
@@ -98,9 +96,8 @@ def batch_changes(c):
 
 
 def global_batch(c, block_size):
-    """(total_batch_size, note): the tokens a step for a run of this block_size (0: nanoGPT's
-    gradient_accumulation_steps x batch_size sequences), and why when it is not the one set: a later file or
-    flags that change SHAPE change the batch as in nanoGPT (docs/configuration.md, total_batch_size)."""
+    """(total_batch_size, note): the tokens a step at this block_size (0: nanoGPT's gradient_accumulation_steps x
+    batch_size sequences), and why when a later SHAPE changed it (docs/configuration.md, total_batch_size)."""
     total = c['total_batch_size']
     where, shape, later = batch_changes(c)
     if not total or not later:
@@ -133,12 +130,10 @@ def micro_batches(n):
 
 
 def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
-    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings: a *_tokens setting above 0 becomes the
-    first step at which the run has trained on that many tokens (so a run stops at the first step that
-    reaches max_tokens), counted from start: (step, tokens trained on) where a resumed run begins, whose
-    earlier launches may have had another batch. Its *_iters twin must then be left out (not in `given`, the
-    keys the user set) or 0; both given is an error. With max_tokens and no decay length given, the decay ends
-    with the budget, as lr_decay_iters ~= max_iters. Checks lr_schedule and lr_decay_frac too."""
+    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings, each *_tokens one turned into steps
+    (docs/llama.md#token-budgets), counted from start: (step, tokens trained on) where a resumed run begins, whose
+    earlier launches may have had another batch. given: the keys the user set. Checks lr_schedule and
+    lr_decay_frac too."""
     lr_schedule, lr_decay_frac = config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2)
     if lr_schedule not in LR_SCHEDULES:
         raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
@@ -177,9 +172,7 @@ def step_at(tokens, tokens_per_iter, start_iter=0, start_tokens=0):
 
 
 def check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule):
-    """Schedule lengths that are well defined but unlikely to be what was meant, as note lines: the run ends
-    still warming up, or a cosine decay that ends before the warm-up does (the rate then drops from the
-    warm-up straight to min_lr)."""
+    """Schedule lengths that are well defined but unlikely to be what was meant, as note lines."""
     if lr_schedule != 'none' and warmup_iters > max_iters:
         return [f"warmup_iters={warmup_iters:,} is beyond max_iters={max_iters:,}: the run ends still warming up, "
                 f"at {(max_iters + 1) / (warmup_iters + 1):.0%} of learning_rate"]
@@ -190,8 +183,7 @@ def check_lengths(max_iters, warmup_iters, lr_decay_iters, lr_schedule):
 
 
 def crossed(tokens, tokens_per_iter, every):
-    """Whether the tokens seen (`tokens`, after a step of tokens_per_iter) passed a multiple of `every` during
-    that step."""
+    """Whether a step of tokens_per_iter that ended at `tokens` seen passed a multiple of `every`."""
     return every > 0 and tokens > 0 and tokens // every > (tokens - tokens_per_iter) // every
 
 

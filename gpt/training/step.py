@@ -37,11 +37,8 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
 
 
 def update(optimizer, scaler, grad_norm):
-    """optimizer.step(), skipped where grad_norm is not finite: a NaN/inf loss or gradient would poison the
-    weights. float16: the GradScaler finds the infs itself (and lowers its scale). An optimizer whose AdamW
-    groups all run the fused kernel, which reads found_inf (Muon's groups, gpt/optim/muon.py, read it
-    themselves), skips it on the device; others (CPU, MPS) read the norm. optimizer.held (the CUDA graph's
-    warm-up) skips every update."""
+    """optimizer.step(), skipped where grad_norm is not finite (docs/checkpoints.md#numerical-faults says how);
+    optimizer.held (the CUDA graph's warm-up) skips every update."""
     held = getattr(optimizer, 'held', False)
     adamw = [g for g in optimizer.param_groups if not g.get('muon')]
     if scaler.is_enabled():
@@ -88,10 +85,8 @@ class NonFinite:
 
 
 class StepMeter:
-    """A training step's line and log row: its loss (averaged over the ranks: every rank calls step), rate and
-    gradient norm, time, throughput, MFU (a running mean, from a launch's 6th step on: the first ones compile
-    and warm up), peak memory, the run's elapsed time and an eta: the steps left to max_iters at the mean
-    logged step time, the launch's first step (compilation) left out, as are evaluations (train.py's dt)."""
+    """A training step's line and log row (docs/monitoring.md): every rank calls step, which averages the loss
+    over them. MFU is a running mean from a launch's 6th step on: the first ones compile and warm up."""
 
     def __init__(self, log, model, run):
         self.log, self.model, self.run, self.mfu = log, model, run, -1.0
