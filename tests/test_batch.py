@@ -91,6 +91,7 @@ def test_tokens_per_step(command, machine, tokens, split):
         p = resolve(shlex.split(command), cuda=cuda)
         assert (p.tokens_per_iter, (p.micro_steps, p.micro_batch)) == (tokens, split), (command, cuda)
         assert p.settings['total_batch_size'] in (tokens, 0)  # recorded as the run takes it
+        assert p.eval_batch == p.micro_batch  # one process evaluates batches of the batch it trains on
 
 
 def test_the_table_holds_every_config():

@@ -215,7 +215,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     total_batch_size, batch_note = schedule.global_batch(config, block_size)
     micro_steps, micro_batch = schedule.split_batch(total_batch_size, config['gradient_accumulation_steps'],
                                                     config['batch_size'], block_size, world_size, verbose)
-    eval_batch = schedule.split_batch(config['total_batch_size'], config['gradient_accumulation_steps'],
+    eval_batch = schedule.split_batch(total_batch_size, config['gradient_accumulation_steps'],
                                       config['batch_size'], block_size, 1, verbose=False)[1]
     tokens_per_iter = micro_steps * world_size * micro_batch * block_size
     start_iter, start_tokens = started(src, tokens_per_iter)
