@@ -11,9 +11,8 @@ in llm.c's format (datafiles.write_shard). The first shard is val, the rest trai
     python data/fineweb/prepare.py --local docs.jsonl                 # or local jsonl/json/parquet/txt files,
     python data/fineweb/prepare.py --local some/folder                # a folder of them, or a save_to_disk folder
 
-A document that does not fit the current shard continues in the next; only the last shard may be shorter.
-Re-running keeps every shard whose file already holds exactly the tokens it would write (it re-tokenizes,
-but does not rewrite them), so an interrupted run can simply be started again.
+Re-running keeps every shard that already holds its tokens, so an interrupted run is finished by starting
+it again (data/fineweb/readme.md).
 """
 import argparse
 import multiprocessing
@@ -36,11 +35,8 @@ def tokenize(text):
     # runs in the pool's workers; gpt2_encoding() is cached per process
     if not isinstance(text, str):  # a row without the column (null), or a number: no document, counted
         return np.zeros(0, dtype=np.uint16)
-    enc = gpt2_encoding()
-    ids = np.array([enc.eot_token] + enc.encode_ordinary(text))  # the eot token delimits all documents
-    if ids.min() < 0 or ids.max() >= 2**16:
-        raise ValueError(f"token id {ids.max()} does not fit uint16")
-    return ids.astype(np.uint16)
+    enc = gpt2_encoding()  # its ids are below 50257 (gpt2_encoding checks a local ranks file), so fit uint16
+    return np.array([enc.eot_token] + enc.encode_ordinary(text), dtype=np.uint16)  # eot delimits all documents
 
 
 def documents(dataset, column):
@@ -56,13 +52,11 @@ def shard_path(out_dir, index):
 
 def holds(path, tokens):
     """Whether the shard at path is complete and holds exactly these tokens (then it need not be rewritten)."""
-    if not os.path.exists(path):
-        return False
     try:
         old = open_shard(path)
-    except UserError:  # truncated or foreign: rewrite it
+    except UserError:  # missing, truncated or foreign: (re)write it
         return False
-    return len(old) == len(tokens) and np.array_equal(old, tokens)
+    return np.array_equal(old, tokens)
 
 
 def save(path, tokens):

@@ -7,9 +7,7 @@ Prepare OpenWebText (or any text dataset) for GPT-2 training: GPT-2 BPE tokens, 
     python data/openwebtext/prepare.py --local some/folder     # a folder of them, or a save_to_disk folder
 
 A .txt file is one document; jsonl/json/parquet rows are documents, their text in --text_column.
-Instead of GPT-2's BPE, --tokenizer=train trains a byte-level BPE of --vocab_size tokens on the train split
-(Hugging Face `tokenizers`), and --tokenizer=path/to/tokenizer.json uses that one; either is saved as
-tokenizer.json beside the data, and ids are stored as uint32 when the vocabulary passes 65,536.
+--tokenizer replaces GPT-2's BPE (data/openwebtext/readme.md).
 """
 import argparse
 import math
@@ -25,7 +23,7 @@ from gpt.data import DTYPES, sources
 from gpt.data.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
 from gpt.runtime import errors
 from gpt.runtime.errors import UserError
-from gpt.runtime.files import atomic_path, atomic_write
+from gpt.runtime.files import atomic_write
 
 errors.install()
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,12 +84,6 @@ def process(example):
     return {"ids": ids, "len": len(ids)}
 
 
-def say_done(tokens):
-    """The last lines: what was written where ({split: tokens}), and the command that trains on it."""
-    sources.finish(args.out_dir, meta, tokens["train"], tokens["val"])
-    sources.say_next("config/train_gpt2.py", args.out_dir, HERE, sources.EIGHT_GPUS)
-
-
 def say_skipped(lengths):
     sources.say_skipped(int((np.asarray(lengths) == 0).sum()), args.text_column)
 
@@ -121,7 +113,7 @@ if args.streaming:
     if given_val is not None:
         tmp_val = os.path.join(args.out_dir, "val_documents.tmp")
         streamed["val"] = (tmp_val, stream_tokens(given_val, tmp_val))
-        orders = {"train": np.arange(len(lengths)), "val": np.arange(len(streamed["val"][1]))}
+        orders = {split: np.arange(len(lens)) for split, (_, lens) in streamed.items()}
     else:
         if len(lengths) < 2:
             raise UserError(f"the dataset has {len(lengths)} document(s); need at least 2 for a train/val split")
@@ -134,43 +126,26 @@ if args.streaming:
         path, lens = streamed[split]
         docs = np.memmap(path, dtype=DTYPES[meta["dtype"]], mode="r") if lens.sum() else np.zeros(0)
         starts = np.concatenate([[0], np.cumsum(lens)])
-        order = orders[split]
+        with atomic_write(os.path.join(args.out_dir, f"{split}.bin")) as f:
+            for i in orders[split]:
+                f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
+        written[split] = int(lens[orders[split]].sum())
+        del docs
+    for path in {path for path, _ in streamed.values()}:  # one file when val was cut from train
+        os.remove(path)
+else:
+    tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
+                                  desc="tokenizing the splits", num_proc=args.num_proc)
+    # concatenate all the ids in each dataset into one large file we can use for training
+    lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
+    say_skipped(np.concatenate(list(lengths.values())))
+    for split, dset in tokenized.items():
         filename = os.path.join(args.out_dir, f"{split}.bin")
         with atomic_write(filename) as f:
-            for i in order:
-                f.write(np.asarray(docs[starts[i]:starts[i + 1]]).tobytes())
-        written[split] = int(lens[order].sum())
-        del docs
-    for path, _ in streamed.values():
-        if os.path.exists(path):
-            os.remove(path)
-    say_done(written)
-    sys.exit(0)
-
-
-tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
-                              desc="tokenizing the splits", num_proc=args.num_proc)
-
-# concatenate all the ids in each dataset into one large file we can use for training
-lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
-say_skipped(np.concatenate(list(lengths.values())))
-written = {}
-for split, dset in tokenized.items():
-    arr_len = int(lengths[split].sum())
-    filename = os.path.join(args.out_dir, f"{split}.bin")
-    # write under a temporary name and rename at the end: an interrupted run leaves no valid-looking half file
-    with atomic_path(filename) as tmp:
-        arr = np.memmap(tmp, dtype=DTYPES[meta["dtype"]], mode="w+", shape=(arr_len,))  # uint16 if the vocab fits
-        total_batches = min(1024, len(dset))
-        idx = 0
-        for batch_idx in tqdm(range(total_batches), desc=f"writing {filename}", disable=None):  # None: tty only
-            # batch together samples for faster write
-            batch = dset.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")
-            arr_batch = np.concatenate(batch["ids"])
-            arr[idx : idx + len(arr_batch)] = arr_batch
-            idx += len(arr_batch)
-        assert idx == arr_len, (idx, arr_len)
-        arr.flush()
-        del arr  # unmapped before the rename
-    written[split] = arr_len
-say_done(written)
+            # batch together samples for faster write; disable=None: a bar only on a terminal
+            for batch in tqdm(dset.with_format("numpy").iter(batch_size=1024), desc=f"writing {filename}",
+                              total=math.ceil(len(dset) / 1024), disable=None):
+                f.write(np.concatenate(batch["ids"]).astype(DTYPES[meta["dtype"]]).tobytes())
+    written = {split: int(lens.sum()) for split, lens in lengths.items()}
+sources.finish(args.out_dir, meta, written["train"], written["val"])
+sources.say_next("config/train_gpt2.py", args.out_dir, HERE, sources.EIGHT_GPUS)

@@ -29,9 +29,8 @@ args = parser.parse_args()
 make_out_dir(args.out_dir)
 
 data, input_file_path = tiny_shakespeare(args.input, args.out_dir)
-n = len(data)
-train_data = data[:int(n * 0.9)]
-val_data = data[int(n * 0.9):]
+cut = int(len(data) * 0.9)
+train_data, val_data = data[:cut], data[cut:]
 
 # encode (GPT-2 BPE by default); encode_ordinary treats a literal "<|endoftext|>" in the text as plain text
 tok, meta = dataset_tokenizer(args.tokenizer, args.out_dir, lambda: [train_data], args.vocab_size)

@@ -34,9 +34,8 @@ print(f"vocab size: {meta['vocab_size']:,}")
 tok = Tokenizer("char", meta["itos"])
 
 # create the train and test splits
-n = len(data)
-train_data = data[:int(n * 0.9)]
-val_data = data[int(n * 0.9):]
+cut = int(len(data) * 0.9)
+train_data, val_data = data[:cut], data[cut:]
 
 # encode both to integers
 train_ids = tok.encode(train_data)

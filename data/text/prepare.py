@@ -9,11 +9,8 @@ data/<name>/train.bin, val.bin and meta.json (and tokenizer.json for a BPE of it
     python train.py config/train_text.py --dataset=novel --out_dir=out-novel
     python sample.py --out_dir=out-novel
 
-Each file is one document; a folder gives its files with the extensions below (and any of its
-subfolders'), in path order; files compressed with gzip, bz2 or xz (novel.txt.gz) are read as text.
-Tokenizers with an end-of-text token (gpt2, train, most tokenizer.json files) get one after every
-document; characters have none, so the files are simply joined. The last --val_fraction of the tokens
-(but at least --block_size + 1 of them, one training window) is val.
+Each file is one document, a folder's text files (recursively) taken in path order; the rest is in
+docs/data.md#your-own-text.
 """
 import argparse
 import os

@@ -1,9 +1,6 @@
 """
-The on-disk dataset format as training reads it (gpt/data/sources.py writes it, for the prepare scripts), and
-finding a dataset's folder. The format - train.bin/val.bin with meta.json (nanoGPT's layout), llm.c's .bin
-shards or build-nanogpt's .npy shards - is described in docs/data.md#dataset-folders and docs/fineweb.md#shards.
-nanoGPT's meta.pkl is still read, but only through an unpickler that accepts plain data and nothing that
-could run code.
+The on-disk dataset format as training reads it (gpt/data/sources.py writes it), and finding a dataset's
+folder: docs/data.md#dataset-folders, docs/fineweb.md#shards.
 """
 import glob
 import json
@@ -22,14 +19,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
-    # dicts, lists, strs and ints need no class lookups; anything that asks for one is refused
+    # nanoGPT's meta.pkl holds dicts, lists, strs and ints, which need no class lookups; anything that asks for
+    # one (code that could run) is refused
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only plain data is allowed")
 
 
 def check_readable(path, what="token file"):
-    """One line for a path that exists but is no readable regular file (a folder, a device, no permission),
-    which numpy and open() would otherwise report with a traceback."""
+    """One line, not numpy's or open()'s traceback, for a path that is no readable regular file."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a folder, not a {what}; re-run the dataset's prepare.py")
     if not os.path.isfile(path):
@@ -88,8 +85,7 @@ def read_meta(data_dir):
 
 
 def nanogpt_char_meta(meta, path):
-    """nanoGPT's character meta.pkl ({'vocab_size', 'itos': {id: char}, 'stoi': {char: id}}) in meta.json's
-    layout. itos may also be a list (the index is the id); check_meta then checks the rest."""
+    """nanoGPT's character meta.pkl (itos {id: char} or a list) in meta.json's layout; check_meta checks the rest."""
     def bad(what):
         raise UserError(f"{path}: {what}; re-run the dataset's prepare.py")
     itos = meta["itos"]
@@ -114,9 +110,7 @@ GPT2_VOCAB = 50257  # GPT-2 BPE's tokens, <|endoftext|> included
 
 
 def check_meta(meta, path):
-    """One line for metadata that would train silently wrong (the data's ids mean nothing known, or another
-    vocabulary than the one said): a known tokenizer and dtype, a vocab_size that is the tokenizer's, and for
-    characters a list of distinct single characters, one per id (and stoi, where given, its inverse)."""
+    """One line for metadata that would train silently wrong (docs/data.md#checks-before-training)."""
     def bad(what):
         raise UserError(f"{path}: {what}; re-run the dataset's prepare.py")
     kind, vocab = meta["tokenizer"], meta["vocab_size"]
@@ -180,8 +174,7 @@ def open_npy_shard(path):
 
 
 def open_shard(path):
-    """A read-only memmap over a shard's tokens, after checking its header and that the file is whole
-    (llm.c's .bin), or over a build-nanogpt .npy shard."""
+    """A read-only memmap over a shard's tokens (llm.c's .bin, checked whole, or build-nanogpt's .npy)."""
     if str(path).endswith(".npy"):
         return open_npy_shard(path)
     header_bytes = SHARD_HEADER_INTS * 4
@@ -207,8 +200,7 @@ def open_shard(path):
 
 
 def list_shards(data_dir, split):
-    """The split's shard files in data_dir, in name order - their order in the data: llm.c-style
-    `*_{split}_*.bin` and build-nanogpt's `*_{split}_*.npy` (e.g. edufineweb_train_000001.npy)."""
+    """The split's shards (llm.c's `*_{split}_*.bin`, build-nanogpt's `.npy`) in name order, the data's order."""
     pattern = os.path.join(glob.escape(data_dir), f"*_{split}_*")
     return sorted(glob.glob(pattern + ".bin") + glob.glob(pattern + ".npy"))
 
@@ -229,12 +221,9 @@ def describe_dataset(data_dir, meta):
 
 
 def prepare_choices():
-    """The datasets that have a prepare script: data/*/prepare.py beside train.py (none for an installed
-    package, whose data/ folder stays in the checkout)."""
-    if not os.path.isdir(os.path.join(REPO, "data")):
-        return []
-    return sorted(d for d in os.listdir(os.path.join(REPO, "data"))
-                  if os.path.isfile(os.path.join(REPO, "data", d, "prepare.py")))
+    """The datasets with a data/*/prepare.py beside train.py (none for an installed package)."""
+    scripts = glob.glob(os.path.join(glob.escape(REPO), "data", "*", "prepare.py"))
+    return sorted(os.path.basename(os.path.dirname(path)) for path in scripts if os.path.isfile(path))
 
 
 # datasets built by a developer tool instead of a data/<dataset>/prepare.py: the speedrun's measurement corpus
@@ -270,8 +259,7 @@ def is_dataset_name(dataset):
 
 def check_output_file(path, option, make_folder=False):
     """One line, before any work, when a script could not write its output file `path` (the value of
-    `option`): a folder there, its folder missing (with make_folder the script makes it, so the nearest
-    existing one must be a folder), or no permission to write."""
+    `option`); with make_folder the script makes its folder, so the nearest existing one must be a folder."""
     path = os.fspath(path)
     if not path:
         raise UserError(f"{option} is empty: name the file to write")
@@ -289,16 +277,14 @@ def check_output_file(path, option, make_folder=False):
 
 
 def dataset_label(dataset, data_dir=""):
-    """How messages name the data: the data_dir the user gave (then `dataset` plays no part), else the
-    dataset's name."""
+    """How messages name the data: the data_dir the user gave, else the dataset's name."""
     return f"data_dir {data_dir}" if data_dir else f"dataset '{dataset}'"
 
 
 def find_dataset(dataset, data_dir="", verbose=False, named=True):
-    """A dataset's folder (data_dir, or data/<dataset> beside train.py), its metadata (None for a nanoGPT
-    folder without any: GPT-2 BPE in uint16) and the command that prepares it; one line if it is missing.
-    verbose: print what it holds (describe_dataset). named: whether the user chose `dataset` (else it is
-    the script's default, which says nothing of what a data_dir they gave should hold)."""
+    """A dataset's folder (data_dir, or data/<dataset>), its metadata (None: GPT-2 BPE in uint16) and the
+    command that prepares it; one line if it is missing. verbose: print what it holds. named: whether the user
+    chose `dataset` (not the script's default, which says nothing of what a data_dir they gave should hold)."""
     label = dataset_label(dataset, data_dir)
     if data_dir:  # the named dataset's script (else the choices), writing into the folder
         hint = f"{prepare_hint(dataset if named else '')} --out_dir={data_dir}"

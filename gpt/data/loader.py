@@ -3,11 +3,9 @@ Batches for training and evaluation from a dataset's train.bin / val.bin or toke
 
 RandomWindows is nanoGPT's sampler, random windows of block_size+1 tokens, except that the offsets of step
 k's whole global batch come from one generator seeded with (seed, stream, 0, k), rank r's micro-step j taking
-the (r * micro_steps + j)-th run of them: every split of the global batch over ranks and micro-steps trains
-on the same windows (docs/scaling.md), and its state is one count of micro-batches drawn, which resumes
-exactly on any number of processes. SequentialShards is build-nanogpt's loader: the shards in order, each
-token read once an epoch by one rank (docs/fineweb.md); its state is a position (shard, offset, epoch) with
-the shards' names and token counts, so that resuming on other files stops with one line.
+the (r * micro_steps + j)-th run of them: every split of the global batch trains on the same windows
+(docs/scaling.md), and its state, a count of micro-batches drawn, resumes on any number of processes.
+SequentialShards is build-nanogpt's loader (docs/fineweb.md); its state is a position (shard, offset, epoch).
 """
 import os
 import weakref
@@ -29,9 +27,8 @@ def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
         raise UserError(f"{path} has {len(data)} tokens, too few for block_size={block_size} "
                         f"(need at least {block_size + 1}): lower block_size or use more data")
     check_width(data, dtype, vocab_size, path)
-    # ids past the model's vocabulary would index out of the embedding (a cryptic device-side assert on GPU).
-    # Scan files up to 100M tokens whole (a fraction of a second), the start of larger ones; the loaders check
-    # every batch anyway.
+    # ids past the vocabulary would be a cryptic device-side assert on GPU; of a file past 100M tokens only
+    # the start is scanned here, as the loaders check every batch
     check_ids(data if len(data) <= 100_000_000 else data[:HEAD], vocab_size, path)
     return path
 
@@ -40,9 +37,7 @@ HEAD = 1_000_000  # tokens at the start of a file that tell its width
 
 
 def check_width(data, dtype, vocab_size, path):
-    """A .bin file says nothing of its token width, and one of the other width reads as other ids, often
-    silently: uint32 ids read as uint16 are each id followed by a 0 (little-endian), which ids below the
-    vocabulary let pass; uint16 ids read as uint32 fuse in pairs into ids past it. The file's start tells."""
+    """One line for a .bin file of the other token width than dtype (docs/data.md#checks-before-training)."""
     head = np.asarray(data[:HEAD])
     fix = ("set \"dtype\" in the dataset's meta.json to what its prepare script wrote (without meta.json "
            "it is uint16), or prepare it again")
@@ -62,9 +57,8 @@ def check_ids(tokens, vocab_size, path):
 
 def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dtype="uint16", seed=0, rank=0,
                 world_size=1, stream=0, prepare_hint="the dataset's prepare.py", micro_steps=1):
-    """The batches of one split: in order over the shards of a sharded dataset (each token once per epoch),
-    random windows of train.bin / val.bin otherwise (micro_steps micro-batches of batch_size a step on each
-    of world_size ranks). The files are checked first."""
+    """The batches of one split, its files checked first: a sharded dataset's shards in order, else random
+    windows of train.bin / val.bin (micro_steps micro-batches of batch_size a step on each of world_size ranks)."""
     shards = list_shards(data_dir, split)
     if shards:
         return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
@@ -74,11 +68,9 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
 
 
 class TokenFile:
-    """A token file mapped once for the whole run (read-only; why one mapping is enough where nanoGPT mapped
-    every batch: docs/data.md#checks-before-training), with a descriptor of the same file, so that one
-    changed in place is caught by check(): reading past the end of a mapped file that was cut short would
-    kill the process (SIGBUS), not raise. was: the file's os.stat when the run started, for a file mapped
-    only when its turn comes (a shard)."""
+    """A token file mapped once for the run (docs/data.md#checks-before-training), with a descriptor of it so
+    that check() catches a change in place: reading past the end of a mapped file cut short would kill the
+    process (SIGBUS), not raise. was: the file's os.stat at the run's start, for a shard mapped in its turn."""
 
     def __init__(self, path, open_fn, was=None):
         self.path, self.tokens = path, open_fn(path)  # open_fn checks the file first: one line if it is bad
@@ -121,8 +113,7 @@ def check_position(state, counts, sizes=()):
 
 
 def to_device(device, x, y):
-    """A batch on the device; pinned host memory lets a copy to a GPU run asynchronously, overlapping the
-    current step."""
+    """A batch on the device; pinned host memory lets a copy to a GPU overlap the current step."""
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
@@ -163,8 +154,7 @@ class RandomWindows:
         return to_device(self.device, x, y)
 
     def skip(self):
-        """Pass over the next batch unread: an evaluation's batch that another rank takes
-        (docs/monitoring.md#evaluations)."""
+        """Pass over the next batch unread: one another rank takes (docs/monitoring.md#evaluations)."""
         self.batches += 1
 
     def state_dict(self):

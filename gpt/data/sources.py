@@ -121,8 +121,7 @@ COMPRESSED = {".gz": gzip, ".bz2": bz2, ".xz": lzma}
 
 def read_text(path, encoding="utf-8", errors="strict"):
     """A text file's text, exactly (\r\n stays \r\n, so decoding the tokens gives back the file byte for
-    byte), also when it is gzip, bz2 or xz compressed; one line when it is not text in `encoding` or is
-    damaged. errors: Python's decoding errors ('replace': U+FFFD for each byte that does not decode)."""
+    byte), also gzip, bz2 or xz compressed; one line when it is damaged or not text in `encoding`."""
     kind = COMPRESSED.get(os.path.splitext(path)[1].lower())
     try:
         with (kind.open if kind else open)(path, "rt", encoding=encoding, errors=errors, newline="") as f:
@@ -139,8 +138,7 @@ def read_text(path, encoding="utf-8", errors="strict"):
 # --- sources: local files and Hugging Face datasets (the scripts that read documents: fineweb, openwebtext)
 
 def add_document_options(parser, dataset, local_flags=("--local",)):
-    """The options of a script that reads documents: a hub dataset or --local files, their text column,
-    streaming, worker processes."""
+    """The options of a script that reads documents (a hub dataset or --local files)."""
     parser.add_argument("--dataset", default=dataset, help="HF hub dataset id (its 'train' split)")
     parser.add_argument(*local_flags, dest="local", help="local file or folder to read instead of the hub")
     parser.add_argument("--text_column", default="text")
@@ -178,8 +176,7 @@ def _kind(path):
 
 
 def import_datasets():
-    """The `datasets` package, its progress bars off where stderr is no terminal (out of logs and CI, like
-    ours); its absence is one line (it is optional: the GPU machines, for one, have none)."""
+    """The optional `datasets` package (its absence is one line), progress bars off where stderr is no terminal."""
     try:
         import datasets  # here, not at the top: it is slow to import, and optional
     except ModuleNotFoundError as e:
@@ -192,14 +189,10 @@ def import_datasets():
 
 
 def load_local_splits(path, num_proc=1, streaming=False):
-    """The documents of local files for a prepare script's --local: (train, val), datasets.Datasets in file
-    order (IterableDatasets with streaming). Rows of jsonl/json/csv/parquet files (also compressed), a whole
-    .txt file as one document, a folder of one kind of those files, or a datasets.save_to_disk folder: its
-    'train' split (or its only one) and val, its 'validation'/'val'/'test' split, where it has one (else
-    None: the script cuts val from train)."""
+    """A prepare script's --local documents (docs/data.md#preparing-data) as (train, val) datasets.Datasets
+    in file order (IterableDatasets with streaming); val is None unless a save_to_disk folder has one. The
+    path exists: check_document_options said so."""
     datasets = import_datasets()
-    if not os.path.exists(path):
-        raise UserError(f"--local path {path} does not exist")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
         ds = datasets.load_from_disk(path)
         val = None
@@ -235,10 +228,8 @@ def load_local_splits(path, num_proc=1, streaming=False):
 
 
 def load_documents(local, dataset, text_column, num_proc=1, subset=None, streaming=False, with_val=False):
-    """A prepare script's documents as a datasets.Dataset (an IterableDataset with streaming, read as it
-    downloads, where the source allows): its --local files (load_local_splits), else the 'train' split of
-    the hub dataset (and subset); checked to have the text column. with_val: (train, val), val being a
-    local DatasetDict's validation split or None. Mistakes are one line."""
+    """A prepare script's documents: its --local files (load_local_splits), else the hub dataset's 'train'
+    split, checked to have the text column; with_val: (train, val), as load_local_splits gives them."""
     datasets = import_datasets()
     val = None
     if local is not None:

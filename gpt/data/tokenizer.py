@@ -1,10 +1,6 @@
 """
 Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters, and Hugging Face
-`tokenizers` JSON files (trained on a dataset by its prepare script, or any existing tokenizer.json).
-
-    enc = gpt2_encoding()              # a tiktoken.Encoding, for prepare scripts that want encode_ordinary
-    tok = get_tokenizer(read_meta(d))  # what sample.py and train.py use: .encode, .decode, .vocab_size, .eot
-    tok, meta = dataset_tokenizer(...)  # what a prepare script's --tokenizer asks for, and its meta.json
+`tokenizers` JSON files. train.py and sample.py use get_tokenizer(meta), prepare scripts dataset_tokenizer.
 """
 import base64
 import functools
@@ -163,9 +159,8 @@ EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
 def train_bpe(texts, vocab_size, progress=None):
-    """A byte-level BPE (GPT-2's scheme: every text round-trips) trained by `tokenizers` on an iterable of
-    texts, with <|endoftext|> as its one special token. `tokenizers` shows its progress bars when `progress`
-    is true (None: when stderr is a terminal, so not in logs or CI)."""
+    """A byte-level BPE (GPT-2's scheme: every text round-trips) with <|endoftext|> its one special token,
+    trained on an iterable of texts; progress bars when `progress` (None: when stderr is a terminal)."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
     if vocab_size <= 257:
@@ -181,9 +176,8 @@ def train_bpe(texts, vocab_size, progress=None):
 
 
 def dataset_tokenizer(choice, out_dir, texts=None, vocab_size=None):
-    """A prepare script's --tokenizer: 'gpt2'; 'train', a byte-level BPE of vocab_size trained on texts()
-    (an iterable of the training split's texts); or the path of a tokenizers JSON file. Returns the Tokenizer
-    and the dataset's meta.json; the last two save the tokenizer as out_dir/tokenizer.json."""
+    """A prepare script's --tokenizer (gpt2, train: a BPE trained on texts(), or a tokenizers JSON file) and
+    the dataset's meta.json; the last two save the tokenizer as out_dir/tokenizer.json."""
     if choice == "gpt2":
         tok = Tokenizer("gpt2")
         return tok, {"tokenizer": "gpt2", "vocab_size": tok.vocab_size, "dtype": "uint16", "eot": tok.eot}
@@ -215,11 +209,9 @@ def hf_meta(tokenizer_json, where="the tokenizer"):
 
 
 def folder_meta(init_from):
-    """The meta for the tokenizer.json of a transformers model folder (a Llama's, say); None where there is
-    none and the model is GPT-2's (its vocabulary GPT-2 BPE's 50257, or 50304 padded): GPT-2 BPE, as in
-    nanoGPT. Any other folder without one is a UserError naming the missing file: its ids mean nothing
-    known, and GPT-2's would index past its vocabulary. (That the folder holds a transformers model at all
-    is gpt/training/plan.py's check_init_folder's to say, before this is asked.)"""
+    """The meta for a transformers model folder's tokenizer.json; None (GPT-2 BPE) for a hub name or a GPT-2
+    folder without one. Any other folder without one is a UserError: its ids mean nothing known, and GPT-2's
+    would index past its vocabulary. (gpt/training/plan.py's check_init_folder checks the folder first.)"""
     if not os.path.isdir(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
@@ -243,8 +235,7 @@ def folder_meta(init_from):
 
 
 def exported_char_meta(tokenizer_json):
-    """The character vocabulary of a folder export.py wrote for a character model (gpt/hf/tokenizer.py's hf_tokenizer:
-    one word per character, split before each, and <|endoftext|> after them) as the char meta it came from,
+    """The char meta of a folder export.py wrote for a character model (gpt/hf/tokenizer.py's hf_tokenizer),
     so that the folder fine-tunes on its character dataset; None for any other tokenizer."""
     try:
         spec = json.loads(tokenizer_json)
@@ -275,9 +266,8 @@ def describe(meta):
 
 
 def same_tokenizer(a, b):
-    """Whether two metas (None: GPT-2 BPE) tokenize alike: True, False, or None when that cannot be told
-    (a tokenizer that cannot be loaded here). BPE ones are compared on a probe text, so a GPT-2 folder's
-    tokenizer.json and tiktoken's GPT-2 agree."""
+    """Whether two metas (None: GPT-2 BPE) tokenize alike (docs/checkpoints.md#tokenizers): True, False, or
+    None when that cannot be told (a tokenizer that cannot be loaded here)."""
     ka, kb = (a or {}).get("tokenizer", "gpt2"), (b or {}).get("tokenizer", "gpt2")
     if "char" in (ka, kb):
         return ka == kb and list(a.get("itos") or []) == list(b.get("itos") or [])
@@ -291,9 +281,7 @@ def same_tokenizer(a, b):
 
 def check_data_for_model(data_meta, init_from, resumed, data_label):
     """One line when a dataset (its meta.json; None: GPT-2 BPE) is tokenized otherwise than the model it
-    trains - a resumed checkpoint's (its dataset_meta; a nanoGPT checkpoint has none, and is not checked),
-    GPT-2's, or a transformers folder's (its tokenizer.json, else GPT-2's) - with the way to prepare the data
-    for that model. A new model (init_from=scratch) takes the data's."""
+    trains (docs/checkpoints.md#tokenizers). A new model (init_from=scratch) takes the data's."""
     if init_from == "scratch" or (resumed is not None and "dataset_meta" not in resumed):
         return
     try:
