@@ -39,9 +39,9 @@ def check(out_dir, fresh):
     if existing != out_dir:
         return  # a folder still to be made holds nothing and nobody holds it
     check_no_links(out_dir)
-    for path, nofollow in ((out_dir, 0), (os.path.join(out_dir, LOCK_NAME), os.O_NOFOLLOW)):
+    for path, nofollow in ((out_dir, False), (os.path.join(out_dir, LOCK_NAME), True)):
         with suppress(OSError):  # no run.lock: nobody holds it
-            fd = os.open(path, os.O_RDONLY | nofollow)
+            fd = os.open(path, os.O_RDONLY | (os.O_NOFOLLOW if nofollow else 0))
             try:
                 lock(fd, out_dir)  # closing fd lets go of it again
             finally:
