@@ -11,9 +11,8 @@ from torch.nn import functional as F
 
 class KVCache:
     """Keys and values of every layer for up to `capacity` positions (only the key/value heads, with GQA),
-    preallocated, so that one more token runs the model on one position instead of the whole context.
-    The position reached is a tensor on the device: a forward writes its keys/values at their positions
-    and attends over all `capacity` slots, each token to those at or before its own."""
+    preallocated, so that one more token runs the model on one position instead of the whole context (a
+    forward attends over all `capacity` slots, each token to those at or before its own)."""
 
     def __init__(self, n_layer, capacity, device):
         self.kv = [None] * n_layer  # per layer, keys and values by position: (B, capacity, 2, n_kv_head, head_size)
@@ -44,17 +43,12 @@ class KVCache:
         return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), self.mask
 
 
-def graphable(model, device):
-    """Whether a CUDA graph can work here: on CUDA, in eval mode (dropout draws random numbers), and outside
-    a distributed run (under FSDP each forward all-gathers the weights; samples taken during training are
-    not where speed matters)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.device(device).type == "cuda" and not model.training and not distributed
-
-
 def uses_graphs(model, device, cuda_graphs=True):
-    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs) and graphable."""
-    return cuda_graphs and graphable(model, device)
+    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs), on CUDA, in eval
+    mode (dropout draws random numbers), and outside a distributed run (under FSDP each forward all-gathers the
+    weights; samples taken during training are not where speed matters)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return cuda_graphs and torch.device(device).type == "cuda" and not model.training and not distributed
 
 
 class Decoder:
