@@ -145,19 +145,6 @@ class GPTConfig:
 NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')  # nanoGPT's model_args
 
 
-class LayerNorm(nn.Module):
-    """nanoGPT's LayerNorm with an optional bias (bias=False: none), its parameters under nanoGPT's keys."""
-
-    def __init__(self, ndim, bias, eps=1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-        self.eps = eps
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-
 class RMSNorm(nn.Module):
     """LLaMA's norm: scale by the root mean square, no centring, no bias; computed in float32 as in
     transformers' Llama, so its weights give its logits."""
@@ -176,7 +163,7 @@ class RMSNorm(nn.Module):
 def make_norm(config):
     if config.family == 'llama':
         return RMSNorm(config.n_embd, config.norm_eps)
-    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
 
 
 def rotary(positions, head_size, theta):
@@ -235,7 +222,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None and fused is None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        mask, is_causal, kernels = None, True, nullcontext()
+        mask, kernels = None, nullcontext()
         if cache is not None:
             # every prompt length is a new shape, for which cuDNN attention builds a new plan (CPU time at
             # every call), so generation leaves it out
@@ -247,16 +234,14 @@ class CausalSelfAttention(nn.Module):
                    torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
             # a generation.KVCache: the keys of its whole capacity, and a mask of those each query may see
             k, v, mask = cache.update(self.layer_idx, new)
-            is_causal = False
         if self.n_kv_head != self.n_head:
             # grouped-query attention: key/value head j serves query heads j*g .. j*g+g-1 (transformers'
             # repeat_kv); expanding here runs on every torch and every SDPA kernel, unlike enable_gqa
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        # flash attention kernels where the device has them
         dropout = self.attn_dropout if self.training else 0.0
         with kernels:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -317,9 +302,8 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # GPT-2 learns a table of positions; llama (and pos_emb='rope') rotates queries and keys instead
             **({} if config.rotary else {'wpe': nn.Embedding(config.block_size, config.n_embd)}),
-            # value embeddings: one more table of tokens (of the values' width) per pair of layers that mix it.
-            # Initialised and trained (AdamW) as wte is, as in modded-nanogpt (where both start at N(0, 1) under
-            # Adam at 0.6; here both start at GPT-2's N(0, 0.02) under learning_rate)
+            # value embeddings: one more table of tokens (of the values' width) per pair of layers that mix it,
+            # initialised and trained as wte is (docs/speedrun.md)
             **({'value_embeds': nn.ModuleList([nn.Embedding(config.vocab_size, kv_size)
                                                for _ in range(config.value_embeds)])} if config.value_embeds else {}),
             drop=nn.Dropout(config.dropout),
