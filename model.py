@@ -286,8 +286,7 @@ class Block(nn.Module):
 
     def forward(self, x, cache=None, rope=None, ve=None):
         x = x + self.attn(self.ln_1(x), cache, rope, ve)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -374,12 +373,10 @@ class GPT(nn.Module):
             cache.pos += t
         x = self.transformer.ln_f(x)
         if targets is not None:
-            logits, loss = logits_and_loss(self, x, targets, reduction)  # gpt/kernels/loss.py: plain or fused
-        else:
-            logits = self.head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
-            # list index [-1], copies nothing from the CPU, which a CUDA graph capture refuses)
-            loss = None
-        return logits, loss
+            return logits_and_loss(self, x, targets, reduction)  # gpt/kernels/loss.py: plain or fused
+        # a slice keeps the time dimension (and, unlike nanoGPT's list index [-1], copies nothing from the CPU,
+        # which a CUDA graph capture refuses)
+        return self.head(x[:, -1:, :]), None
 
     def head(self, x):
         """The logits of the final hidden states x: lm_head, soft-capped where logit_softcap is set (in
