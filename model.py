@@ -439,10 +439,5 @@ class GPT(nn.Module):
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
 
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
-                 vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
-        """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy), with the KV
-        cache unless use_cache=False: gpt/generation.py's generate, which says what each argument does."""
-        return generation.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, generator, vocab_limit,
-                                   progress, top_p, eot, cuda_graphs, compile_step)
+    # nanoGPT's model.generate: gpt/generation.py's generate (under no_grad), which says what each argument does
+    generate = generation.generate

@@ -33,8 +33,7 @@ class KVCache:
         here once per forward."""
         if self.kv[layer] is None:
             # zeros, not empty: masked slots still enter the product (with weight 0), and 0 * NaN is NaN
-            B, _, _, n_kv_head, head_size = new.shape
-            self.kv[layer] = new.new_zeros((B, self.capacity, 2, n_kv_head, head_size))
+            self.kv[layer] = new.new_zeros((new.size(0), self.capacity, *new.shape[2:]))
         if self.mask is None:
             self.mask = new.new_zeros(self.visible.shape).masked_fill_(~self.visible, float("-inf"))
         kv = self.kv[layer]
