@@ -26,13 +26,9 @@ from gpt.runtime.settings import MODEL, NOT_NEGATIVE, POSITIVE, RUN, Setting, at
 _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-# Every GPTConfig field is one of three kinds, said here once; resume, export and the transformers bridge read it
-# (GPTConfig.fields_of) instead of keeping lists of their own, so a new field cannot be forgotten by one of them:
-#   architecture    what the model computes: a resumed or fine-tuned model keeps its own (a run that sets another
-#                   value is refused), checkpoints record it, export carries it to transformers or refuses it
-#   initialisation  how a new model's weights start: no effect once weights exist (resume, pretrained); checkpoints
-#                   record it in the run's config, not in model_args
-#   runtime         how the model is run (dropout, how the loss is computed): a run may change it, even on resume
+# Every GPTConfig field is one of three kinds (docs/configuration.md says what each means for resume, export and
+# checkpoints), said here once: the plan, export and the transformers bridge read it (GPTConfig.fields_of) instead
+# of keeping lists of their own, so a new field cannot be forgotten by one of them
 ARCHITECTURE, INITIALISATION, RUNTIME = 'architecture', 'initialisation', 'runtime'
 
 
@@ -69,25 +65,11 @@ class GPTConfig:
     mlp_act: str = architecture('gelu')  # gpt2's MLP: 'gelu' (GPT-2's tanh GELU) or 'relu2' (ReLU squared)
     logit_softcap: float = architecture(0.0)  # > 0: logits = cap * tanh(logits / cap), in training and generation
     pos_emb: str = architecture('learned')  # gpt2's positions: 'learned' (GPT-2's wpe table) or 'rope' (rotary)
-    # value embeddings (modded-nanogpt's records): value_embeds=N > 0 adds N token embedding tables, table i
-    # mixed into the attention values of layer i and of layer n_layer - N + i (the first N and last N layers; the
-    # records' 3 tables over 12 layers). Each such layer learns two scalars: v = l0 * v + l1 * table(token)
     value_embeds: int = architecture(0)  # N value embedding tables for the first and last N layers (0: none)
-    # U-net skips (modded-nanogpt's records): the output of each block j of the first half is added, times
-    # a learned scalar (initially 1), to the input of its mirror block n_layer - 1 - j
     skip_connections: bool = architecture(False)  # U-net skips from the first half's blocks to their mirrors
-    # the residual projections (c_proj) start at zero instead of GPT-2's small normal init, so every block starts
-    # as the identity
     zero_init_proj: bool = initialisation(False)  # residual projections start at zero: each block the identity
-    # True fuses the output projection and cross-entropy a chunk of loss_chunk positions at a time
-    # (gpt/kernels/loss.py; on a CUDA GPU, uncompiled, each chunk's loss and gradient in one Triton kernel),
-    # never making the (B, T, vocab) logits and returning none; False (nanoGPT's way): lm_head, then
-    # F.cross_entropy over the full logits
-    fused_loss: bool = runtime(False)
+    fused_loss: bool = runtime(False)  # the head and loss a chunk at a time, no full logits (gpt/kernels/loss.py)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
-    # True: qk_norm and the rotary embedding (pos_emb='rope', llama) in one Triton kernel each way
-    # (gpt/kernels/fused_qk.py), on a CUDA GPU, uncompiled: the same math as the plain path below, a few times fewer
-    # bytes moved (torch.compile fuses the plain path itself)
     fused_qk: bool = runtime(False)  # QK-norm and rotary embeddings in one Triton kernel (a CUDA GPU, uncompiled)
 
     def __post_init__(self):
@@ -142,19 +124,14 @@ class GPTConfig:
         return cls.fields_of(ARCHITECTURE)
 
     @classmethod
-    def options(cls):
-        """{name: default} of the fields beyond nanoGPT's, the loss's and norm_eps: the model switches that
-        train.py takes as settings (--family=llama, --qk_norm=True, ...) besides its own n_layer, n_head, ..."""
-        return {name: s.default for name, s in cls.settings().items()}
-
-    @classmethod
     def settings(cls):
-        """Those switches declared as settings (gpt/runtime/settings.py): the field's default, its check and its
-        comment; a resumed or pretrained model keeps its architecture and initialisation (gpt/training/plan.py)."""
+        """The fields beyond nanoGPT's, the loss's and norm_eps (the model switches train.py takes besides its own
+        n_layer, n_head, ...) as settings (gpt/runtime/settings.py): the field's default, its check and its comment;
+        a resumed or pretrained model keeps its architecture and initialisation (gpt/training/plan.py)."""
         docs = comments(inspect.getsource(cls))
         return {f.name: Setting(f.metadata.get('check', ()), RUN if f.metadata['kind'] == RUNTIME else MODEL,
                                 default=f.default, doc=docs.get(f.name, ''))
-                for f in fields(cls) if f.name not in NANOGPT_ARGS + LOSS_ARGS + ('norm_eps',)}
+                for f in fields(cls) if f.name not in NANOGPT_ARGS + ('fused_loss', 'loss_chunk', 'norm_eps')}
 
     def checkpoint_args(self):
         """model_args for a checkpoint: nanoGPT's keys, plus the other architecture fields where they differ
@@ -166,20 +143,6 @@ class GPTConfig:
 
 
 NANOGPT_ARGS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias', 'vocab_size', 'dropout')  # nanoGPT's model_args
-LOSS_ARGS = ('fused_loss', 'loss_chunk')
-
-
-class LayerNorm(nn.Module):
-    """nanoGPT's LayerNorm with an optional bias (bias=False: none), its parameters under nanoGPT's keys."""
-
-    def __init__(self, ndim, bias, eps=1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-        self.eps = eps
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -200,7 +163,7 @@ class RMSNorm(nn.Module):
 def make_norm(config):
     if config.family == 'llama':
         return RMSNorm(config.n_embd, config.norm_eps)
-    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
 
 
 def rotary(positions, head_size, theta):
@@ -253,16 +216,13 @@ class CausalSelfAttention(nn.Module):
         fused = dispatch.qk_kernel(q) if self.config.fused_qk and (self.qk_norm or rope is not None) else None
         if fused is not None:
             q, k = fused(q, k, rope, self.norm_eps if self.qk_norm else None)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-        else:
-            # (B, T, nh, hs) -> (B, nh, T, hs)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            if self.qk_norm:  # each head's queries and keys to unit RMS: attention logits cannot blow up
-                q, k = F.rms_norm(q, (hs,), eps=self.norm_eps), F.rms_norm(k, (hs,), eps=self.norm_eps)
-            if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, T, nh, hs) -> (B, nh, T, hs)
+        if self.qk_norm and fused is None:  # each head's queries and keys to unit RMS: logits cannot blow up
+            q, k = F.rms_norm(q, (hs,), eps=self.norm_eps), F.rms_norm(k, (hs,), eps=self.norm_eps)
+        if rope is not None and fused is None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)
-        mask, is_causal, kernels = None, True, nullcontext()
+        mask, kernels = None, nullcontext()
         if cache is not None:
             # every prompt length is a new shape, for which cuDNN attention builds a new plan (CPU time at
             # every call), so generation leaves it out
@@ -274,16 +234,14 @@ class CausalSelfAttention(nn.Module):
                    torch.stack((k.transpose(1, 2), v.transpose(1, 2)), dim=2))
             # a generation.KVCache: the keys of its whole capacity, and a mask of those each query may see
             k, v, mask = cache.update(self.layer_idx, new)
-            is_causal = False
         if self.n_kv_head != self.n_head:
             # grouped-query attention: key/value head j serves query heads j*g .. j*g+g-1 (transformers'
             # repeat_kv); expanding here runs on every torch and every SDPA kernel, unlike enable_gqa
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
-        # flash attention kernels where the device has them
         dropout = self.attn_dropout if self.training else 0.0
         with kernels:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -328,8 +286,7 @@ class Block(nn.Module):
 
     def forward(self, x, cache=None, rope=None, ve=None):
         x = x + self.attn(self.ln_1(x), cache, rope, ve)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -344,9 +301,8 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # GPT-2 learns a table of positions; llama (and pos_emb='rope') rotates queries and keys instead
             **({} if config.rotary else {'wpe': nn.Embedding(config.block_size, config.n_embd)}),
-            # value embeddings: one more table of tokens (of the values' width) per pair of layers that mix it.
-            # Initialised and trained (AdamW) as wte is, as in modded-nanogpt (where both start at N(0, 1) under
-            # Adam at 0.6; here both start at GPT-2's N(0, 0.02) under learning_rate)
+            # value embeddings: one more table of tokens (of the values' width) per pair of layers that mix it,
+            # initialised and trained as wte is (docs/speedrun.md)
             **({'value_embeds': nn.ModuleList([nn.Embedding(config.vocab_size, kv_size)
                                                for _ in range(config.value_embeds)])} if config.value_embeds else {}),
             drop=nn.Dropout(config.dropout),
@@ -380,12 +336,10 @@ class GPT(nn.Module):
         return n_params
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, cache=None, reduction="mean"):
         """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none'
@@ -419,12 +373,10 @@ class GPT(nn.Module):
             cache.pos += t
         x = self.transformer.ln_f(x)
         if targets is not None:
-            logits, loss = logits_and_loss(self, x, targets, reduction)  # gpt/kernels/loss.py: plain or fused
-        else:
-            logits = self.head(x[:, -1:, :])  # a slice keeps the time dimension (and, unlike nanoGPT's
-            # list index [-1], copies nothing from the CPU, which a CUDA graph capture refuses)
-            loss = None
-        return logits, loss
+            return logits_and_loss(self, x, targets, reduction)  # gpt/kernels/loss.py: plain or fused
+        # a slice keeps the time dimension (and, unlike nanoGPT's list index [-1], copies nothing from the CPU,
+        # which a CUDA graph capture refuses)
+        return self.head(x[:, -1:, :]), None
 
     def head(self, x):
         """The logits of the final hidden states x: lm_head, soft-capped where logit_softcap is set (in
@@ -454,9 +406,7 @@ class GPT(nn.Module):
 
     def hidden_matrices(self):
         """The blocks' weight matrices, each with the row counts of the matrices it fuses (c_attn: q, k, v;
-        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (gpt/optim/muon.py). The rest is AdamW's: embeddings
-        (value embeddings too), the head, gains, biases and the learned scalars of value_embeds and
-        skip_connections, as in modded-nanogpt."""
+        SwiGLU's c_fc: gate, up) or None: what Muon orthogonalizes (docs/speedrun.md#muon; the rest is AdamW's)."""
         cfg = self.config
         kv = cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
         fc = [cfg.mlp_hidden] * 2 if cfg.family == 'llama' else None
@@ -489,10 +439,5 @@ class GPT(nn.Module):
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter
         return flops_per_iter / dt / peak_flops
 
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
-                 vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
-        """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy), with the KV
-        cache unless use_cache=False: gpt/generation.py's generate, which says what each argument does."""
-        return generation.generate(self, idx, max_new_tokens, temperature, top_k, use_cache, generator, vocab_limit,
-                                   progress, top_p, eot, cuda_graphs, compile_step)
+    # nanoGPT's model.generate: gpt/generation.py's generate (under no_grad), which says what each argument does
+    generate = generation.generate

@@ -1,9 +1,8 @@
 """
-Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it,
-captured on CUDA once as a CUDA graph and replayed for every token; and generate(), the decoding loop that
-GPT.generate (nanoGPT's method) calls. A graph needs fixed shapes and addresses and no value read back on the
-CPU: hence the preallocated cache, the position as a tensor on the device, and attention over the cache's
-whole capacity with a mask. The only state kept between calls is the graphed Decoder on the model.
+Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it, captured
+on CUDA once as a CUDA graph and replayed for every token; and generate(), GPT.generate's decoding loop. A graph
+needs fixed shapes and addresses and no value read back on the CPU: hence the preallocated cache, the position as a
+tensor on the device, and attention over the cache's whole capacity with a mask.
 """
 import torch
 from torch.nn import functional as F
@@ -11,9 +10,8 @@ from torch.nn import functional as F
 
 class KVCache:
     """Keys and values of every layer for up to `capacity` positions (only the key/value heads, with GQA),
-    preallocated, so that one more token runs the model on one position instead of the whole context.
-    The position reached is a tensor on the device: a forward writes its keys/values at their positions
-    and attends over all `capacity` slots, each token to those at or before its own."""
+    preallocated, so that one more token runs the model on one position instead of the whole context (a
+    forward attends over all `capacity` slots, each token to those at or before its own)."""
 
     def __init__(self, n_layer, capacity, device):
         self.kv = [None] * n_layer  # per layer, keys and values by position: (B, capacity, 2, n_kv_head, head_size)
@@ -35,8 +33,7 @@ class KVCache:
         here once per forward."""
         if self.kv[layer] is None:
             # zeros, not empty: masked slots still enter the product (with weight 0), and 0 * NaN is NaN
-            B, _, _, n_kv_head, head_size = new.shape
-            self.kv[layer] = new.new_zeros((B, self.capacity, 2, n_kv_head, head_size))
+            self.kv[layer] = new.new_zeros((new.size(0), self.capacity, *new.shape[2:]))
         if self.mask is None:
             self.mask = new.new_zeros(self.visible.shape).masked_fill_(~self.visible, float("-inf"))
         kv = self.kv[layer]
@@ -44,17 +41,12 @@ class KVCache:
         return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), self.mask
 
 
-def graphable(model, device):
-    """Whether a CUDA graph can work here: on CUDA, in eval mode (dropout draws random numbers), and outside
-    a distributed run (under FSDP each forward all-gathers the weights; samples taken during training are
-    not where speed matters)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return torch.device(device).type == "cuda" and not model.training and not distributed
-
-
 def uses_graphs(model, device, cuda_graphs=True):
-    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs) and graphable."""
-    return cuda_graphs and graphable(model, device)
+    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs), on CUDA, in eval
+    mode (dropout draws random numbers), and outside a distributed run (under FSDP each forward all-gathers the
+    weights; samples taken during training are not where speed matters)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return cuda_graphs and torch.device(device).type == "cuda" and not model.training and not distributed
 
 
 class Decoder:

@@ -74,7 +74,7 @@ def fake_graphs(monkeypatch):
         self.cache.pos.copy_(pos)  # a capture runs nothing: the first replay takes this step
         captures.append(self)
 
-    monkeypatch.setattr(generation, "graphable", lambda model, device: True)  # as on a GPU
+    monkeypatch.setattr(generation, "uses_graphs", lambda model, device, cuda_graphs=True: cuda_graphs)  # as on a GPU
     monkeypatch.setattr(generation.Decoder, "capture", capture)
     yield captures
 
@@ -161,9 +161,9 @@ def test_compiled_step_matches_uncached(monkeypatch, fake_graphs, graphs):
 
 def test_graphs_only_where_they_can_work():
     model = tiny("gpt2")
-    assert generation.graphable(model, "cuda") and generation.graphable(model, torch.device("cuda", 1))
-    assert not generation.graphable(model, "cpu") and not generation.graphable(model, "mps")
-    assert not generation.graphable(model.train(), "cuda")  # dropout draws random numbers
+    assert generation.uses_graphs(model, "cuda") and generation.uses_graphs(model, torch.device("cuda", 1))
+    assert not generation.uses_graphs(model, "cpu") and not generation.uses_graphs(model, "mps")
+    assert not generation.uses_graphs(model.train(), "cuda")  # dropout draws random numbers
     assert not generation.uses_graphs(model.eval(), "cuda", cuda_graphs=False)  # the caller said no
 
 

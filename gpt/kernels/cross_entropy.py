@@ -1,8 +1,7 @@
-"""The cross-entropy's loss and its gradient from a chunk of logits, in one Triton kernel: the fused loss
-(fused_loss=True, gpt/kernels/loss.py's LinearCrossEntropy) runs it on a CUDA GPU, uncompiled. Each row is
-read twice (its log-sum-exp, then its gradient) and its gradient written once over the logits, which nothing
-needs after the loss, where the plain path makes several float32 passes over the whole array
-(docs/records/2026-11-27-speedrun.md#flash-attention-and-the-loss-kernel).
+"""The cross-entropy's loss and its gradient from a chunk of logits, in one Triton kernel, for the fused loss's
+LinearCrossEntropy (gpt/kernels/loss.py) on a CUDA GPU, uncompiled: each row read twice (its log-sum-exp, then
+its gradient) and its gradient written once over the logits, which nothing needs after the loss, where the plain
+path makes several float32 passes (docs/records/2026-11-27-speedrun.md#flash-attention-and-the-loss-kernel).
 
 The math is F.cross_entropy's, in float32: lse = log(sum(exp(z))), loss = lse - z[target], and
 d loss / d z = softmax(z) - one_hot(target); rows whose target is -1 are ignored (loss 0, gradient 0). With

@@ -1,7 +1,6 @@
-"""The RMSNorm of each head's queries and keys (qk_norm) and their rotary embedding, in one Triton kernel
-each way: model.py's attention uses it where fused_qk is on, on a CUDA GPU, uncompiled (compile fuses the
-plain path itself). Each row (one head of one token) is read once, normalised and rotated in float32 registers
-and written once, where the plain path is a chain of float32 elementwise kernels (docs/speedrun.md, fused_qk).
+"""The RMSNorm of each head's queries and keys (qk_norm) and their rotary embedding, in one Triton kernel each
+way, for model.py's attention where fused_qk is on: each row (one head of one token) read once, normalised and
+rotated in float32 registers, and written once (docs/speedrun.md says why and where it runs).
 
 The math is model.py's: n = x * rsqrt(mean(x^2) + eps) (F.rms_norm without a gain), then each (first half,
 second half) pair rotated by its position's angle as transformers' rotate_half does:
@@ -78,10 +77,6 @@ def _backward(x_ptr, g_ptr, dx_ptr, cos_ptr, sin_ptr, rows, H, T, sxb, sxt, sxh,
     tl.store(dx_at + HALF, g2.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _last_dim_dense(x):
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _launch(kernel, x, g, cos, sin, eps, rope):
     """Run the forward (g None) or backward kernel over x (B, T, H, D) (and g, of x's shape), any strides but
     the last dim's."""
@@ -90,7 +85,8 @@ def _launch(kernel, x, g, cos, sin, eps, rope):
     rows = B * T * H
     if rows == 0:
         return out
-    inputs = [_last_dim_dense(t) for t in ((x,) if g is None else (x, g))]
+    inputs = (x,) if g is None else (x, g)
+    inputs = [t if t.stride(-1) == 1 else t.contiguous() for t in inputs]
     strides = [s for t in inputs for s in t.stride()[:3]]
     table = (cos, sin) if rope else (x, x)  # not read without the rotation
     kernel[(triton.cdiv(rows, ROWS),)](*inputs, out, *table, rows, H, T, *strides, eps if eps is not None else 0.0,

@@ -1,7 +1,5 @@
-"""The language model's loss: GPT.forward's logits_and_loss. nanoGPT's way is lm_head, then F.cross_entropy over
-the (B, T, vocab) logits; fused_loss=True is the fused, chunked linear + cross-entropy (LinearCrossEntropy), which
-never makes those logits. On a CUDA GPU, uncompiled, each chunk's loss and gradient come from one Triton kernel
-(gpt/kernels/cross_entropy.py); elsewhere from _loss_and_grad, the same math in PyTorch."""
+"""The language model's loss (GPT.forward's logits_and_loss): nanoGPT's lm_head and F.cross_entropy, or with
+fused_loss the chunked linear + cross-entropy, LinearCrossEntropy, which never makes the (B, T, vocab) logits."""
 import torch
 from torch.nn import functional as F
 
