@@ -4,10 +4,8 @@ biases), as one torch optimizer: train.py schedules, clips, steps, saves and res
 the CUDA graph of gpt/training/stepgraph.py captures it.
 
 Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the nearest semi-orthogonal
-matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16. Matrices of
-one shape are iterated as one batch, and under DDP each rank iterates an equal share of every shape and
-all-gathers the rest (muon_shard). Why it is batched and shared so: docs/speedrun.md#muon. FSDP, which
-shards the matrices themselves, is refused (gpt/optim/__init__.py).
+matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16, batched by
+shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why.
 """
 import math
 
@@ -142,7 +140,8 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
             params = [p for p in group['params'] if p.grad is not None]
             if not params:
                 continue
-            rates.append(self._rate(group, found_inf))
+            rate = group['lr'] * group['lr_scale']  # a float, or a 0-dim tensor (the CUDA graph's rate)
+            rates.append(rate if found_inf is None else rate * (1 - found_inf))  # zero on a skipped step
             targets = []
             for p, update in zip(params, self._momentum(group, params, skip)):
                 start = 0
@@ -174,28 +173,19 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         return torch._foreach_lerp(grads, bufs, m) if group['nesterov'] else bufs
 
     @staticmethod
-    def _rate(group, found_inf):
-        """The group's step size, a float or a 0-dim tensor (the CUDA graph's learning rate, or any rate
-        times 1 - found_inf: zero on a skipped step)."""
-        lr = group['lr'] * group['lr_scale']
-        return lr if found_inf is None else lr * (1 - found_inf)
-
-    @staticmethod
     def _apply(targets, updates, lr, dtype):
         """targets[i] -= lr * scale * updates[i], for a run of orthogonalized pieces of one shape (k, rows,
-        cols): scaled on the whole stack at once, in the parameters' dtype, then subtracted from each
-        piece's rows by one multi-tensor op. scale = sqrt(max(1, rows / cols)) gives a tall piece updates of
-        the same per-entry size as a wide one's."""
+        cols), scale = sqrt(max(1, rows / cols)): scaled as one stack in the parameters' dtype, then subtracted
+        by one multi-tensor op."""
         scale = math.sqrt(max(1.0, updates.size(-2) / updates.size(-1)))
         updates = updates.to(dtype, memory_format=torch.contiguous_format)  # the rows' own layout
         updates.mul_(lr * scale if scale != 1.0 else lr)
         torch._foreach_sub_(targets, list(updates.unbind(0)))
 
     def _orthogonalize_shared(self, stacked, steps):
-        """orthogonalize(stacked) as (result, pending all-gather or None). Alone (or with shard=False): all
-        of it here. Under DDP: the k matrices of one shape cut into world_size runs of ceil(k / world_size),
-        this rank iterating its own (the last runs padded with zeros, whose result is zero), the results
-        all-gathered into the whole stack, every rank then holding the same updates."""
+        """orthogonalize(stacked) as (result, pending all-gather or None): alone (or shard=False) all of it here;
+        under DDP this rank's run of ceil(k / world_size) matrices (the last padded with zeros, whose result is
+        zero), all-gathered into the whole stack."""
         if not (self.shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return orthogonalize(stacked, steps), None
         world, rank, k = dist.get_world_size(), dist.get_rank(), stacked.size(0)
