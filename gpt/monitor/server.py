@@ -185,9 +185,3 @@ def start(server):
     print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
           flush=True)
     return server
-
-
-def start_dashboard(out_dir, port=8000, host="127.0.0.1", training=False):
-    """make_server and start at once; returns the server. training: this process is the run (its log may be
-    quiet for long, during a long evaluation, and still live)."""
-    return start(make_server(out_dir, port, host, training))
