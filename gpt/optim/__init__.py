@@ -25,8 +25,7 @@ def check(name, parallelism):
 
 def build(model, chosen, device_type):
     """The optimizer of the model's trainable parameters that `chosen` (the run plan's: name, learning_rate,
-    betas, weight_decay, and Muon's settings) names. AdamW: matrices and embeddings decay, biases and norm
-    gains do not (model.configure_optimizers, nanoGPT's). Muon: gpt/optim/muon.py's MuonAdamW."""
+    betas, weight_decay, and Muon's settings) names: gpt/optim/adamw.py's or muon.py's configure()."""
     lr, wd, betas = chosen['learning_rate'], chosen['weight_decay'], tuple(chosen['betas'])
     if chosen['name'] == 'adamw':
         return model.configure_optimizers(wd, lr, betas, device_type)

@@ -68,9 +68,8 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
 
 
 class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
-    """Param groups with 'muon': True take Muon steps; the others are handed to torch's AdamW (fused on
-    CUDA; gpt/optim/__init__.py's, which like this class never imports torch._dynamo), which shares this optimizer's
-    groups and state, so state_dict() and load_state_dict() hold both.
+    """Param groups with 'muon': True take Muon steps; the others are handed to gpt/optim/adamw.py's AdamW,
+    which shares this optimizer's groups and state, so state_dict() and load_state_dict() hold both.
 
     A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
     'lr' to the AdamW rate, and lr_scale (muon_lr / learning_rate) keeps Muon's rate in proportion. Its
@@ -115,8 +114,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         # Few, large kernels: each op runs once for a whole group or stack, not once per matrix. found_inf
         # (the CUDA graph's flag) enters as a rate of zero and a momentum left as it is, never as a CPU branch.
         buckets, rates = self._pieces(found_inf)
-        # one batched iteration per shape (tall pieces transposed to join it); every shape's all-gather is
-        # launched before any is waited for
+        # one batched iteration per shape (tall pieces transposed), every all-gather launched before any wait
         steps = []
         for ns_steps, runs in buckets.values():
             pieces = [piece.mT if tall else piece for (_, tall, _), items in runs.items() for _, piece in items]
@@ -201,11 +199,10 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
               momentum, device_type, shard=True, scalars=(), scalar_lr=0.0, nesterov=True):
-    """The optimizer of optimizer='muon' (gpt/optim/__init__.py's build). muon_params: [(weight, splits or None)], the
-    blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not).
-    With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
-    rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/training/step.py's set_lr);
-    with 0 they train in the 1-D group, at learning_rate."""
+    """The optimizer of optimizer='muon'. muon_params: [(weight, splits or None)], the blocks' matrices;
+    adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not). With scalar_lr > 0
+    the `scalars` (learned_scalars) are an AdamW group of their own, its lr_scale scalar_lr / learning_rate as
+    Muon's groups; with 0 they train in the 1-D group, at learning_rate."""
     if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
         raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
                         f"{muon_lr}, {scalar_lr})")

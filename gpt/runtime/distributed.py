@@ -216,9 +216,8 @@ def compile_blocks(model):
 
 
 def bf16_allreduce_hook(group, bucket):
-    """A DDP communication hook: each bucket of gradients is rounded to bfloat16, divided by the number of
-    ranks, summed over them in bfloat16 (half the bytes of float32 on the wire), and written back as float32.
-    What torch's bf16_compress_hook does; ours also runs on gloo (CPU tests), where torch's refuses to."""
+    """DDP's communication hook for ddp_reduce_dtype='bfloat16' (docs/scaling.md): torch's bf16_compress_hook's
+    arithmetic, which also runs on gloo (CPU tests), where torch's refuses to."""
     group = group or dist.group.WORLD
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
@@ -250,9 +249,7 @@ def set_gradient_sync(model, sync):
     elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
         model.set_requires_gradient_sync(sync)
         if getattr(model, "keep_gathered_while_accumulating", False):
-            # reshard_after_forward=False: also keep the gathered weights from one micro-step's backward to
-            # the next one's forward, resharding only after the last: one all-gather a step, as DDP's one
-            # all-reduce, instead of one per block and micro-step
+            # reshard_after_forward=False: gathered until the last micro-step's backward too (docs/scaling.md)
             model.set_reshard_after_backward(sync)
 
 
@@ -276,8 +273,7 @@ def full_tensor(norm):
 
 
 def checkpoint_activations(model):
-    """Recompute each block's activations in the backward pass instead of keeping them: much less memory
-    for about a third more compute. Done by overriding each block's forward, so parameter names and the
-    FSDP units stay as they are."""
+    """Recompute each block's activations in the backward pass instead of keeping them (much less memory, about
+    a third more compute), by overriding each block's forward: parameter names and FSDP units stay."""
     for block in model.transformer.h:
         block.forward = (lambda f: lambda *args: checkpoint(f, *args, use_reentrant=False))(block.forward)

@@ -92,9 +92,8 @@ def check(config, declarations):
 
 
 def notes(config, declarations):
-    """The settings the user gave (config files or flags: config.given) that this run's other settings make do
-    nothing, as lines "key=value does nothing here: why". Notes, not errors: a config file may set what a flag
-    then turns off (--lr_schedule=wsd over a cosine config's lr_decay_iters)."""
+    """Lines "key=value does nothing here: why" for the settings given (config.given) that the others make do
+    nothing. Notes, not errors: a config file may set what a flag then turns off."""
     given = getattr(config, 'given', ())
     whys = {key: s.unused(config) for key, s in declarations.items() if s.unused and key in given}
     return [f"{key}={config[key]!r} does nothing here: {why}" for key, why in whys.items() if why]

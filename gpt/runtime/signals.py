@@ -69,9 +69,8 @@ def say(text, stream=None):
 
 
 def mute_dead_terminal():
-    """stdout and stderr that were a terminal now hung up go to /dev/null (a live terminal stays). A hung-up
-    terminal is a character device that no longer answers as a terminal (isatty fails once it is gone) and
-    is not /dev/null."""
+    """stdout and stderr that were a terminal now hung up go to /dev/null (a live one stays): a hung-up terminal
+    is a character device that no longer answers as a terminal (isatty fails) and is not /dev/null."""
     for fd in (1, 2):
         try:
             st = os.fstat(fd)
