@@ -47,8 +47,7 @@ def main(argv):
     ctx = hardware.autocast(device_type, hardware.resolve_dtype(s['dtype'], device_type))
 
     examples = distributed.rank_zero_first(lambda: load_examples(s['path'] or None))  # rank 0 downloads
-    if s['limit']:
-        examples = examples[:s['limit']]
+    examples = examples[:s['limit'] or None]  # limit 0: all
 
     # a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
     folder = None if s['init_from'] == 'resume' else folder_meta(s['init_from'])

@@ -62,6 +62,11 @@ def url_in(line):
     return line[line.index("http://"):].split()[0]
 
 
+def serve(out_dir, port, training=False):
+    """A dashboard for out_dir, serving (as train.py starts its own)."""
+    return dashboard.start(dashboard.make_server(out_dir, port, training=training))
+
+
 def get(url):
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read()
@@ -116,7 +121,7 @@ def test_dashboard_script_serves_a_finished_run(tmp_path):
             get(url + "../dashboard.py")
         # a second server on the same port is a one-line error
         with pytest.raises(UserError, match="cannot listen on 127.0.0.1"):
-            dashboard.start_dashboard(tmp_path, int(url.rsplit(":", 1)[1].strip("/")))
+            serve(tmp_path, int(url.rsplit(":", 1)[1].strip("/")))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -137,7 +142,7 @@ def ask(server, host, path="/log?offset=0"):
 
 def test_only_requests_addressed_to_this_server_are_answered(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"kind": "train", "step": 0}\n')
-    server = dashboard.start_dashboard(tmp_path, 0)
+    server = serve(tmp_path, 0)
     port = server.server_address[1]
     try:
         # its own names and addresses, on any port (an ssh tunnel from another local port)
@@ -177,11 +182,11 @@ def poll(server, page, offset):
 def test_the_end_waits_for_an_open_page_to_read_the_last_rows(tmp_path, monkeypatch):
     log = tmp_path / "log.jsonl"
     log.write_text('{"kind": "train", "step": 0}\n')
-    idle = dashboard.start_dashboard(tmp_path, 0, training=True)
+    idle = serve(tmp_path, 0, training=True)
     t0 = time.monotonic()
     idle.finish(timeout=5)  # no page open: the run ends at once
     assert time.monotonic() - t0 < 0.5
-    server = dashboard.start_dashboard(tmp_path, 0, training=True)
+    server = serve(tmp_path, 0, training=True)
     offset = poll(server, "a", 0)  # a page is open and has read everything so far
     with open(log, "a") as f:  # the run's last evaluation and its end
         f.write('{"kind": "eval", "step": 1}\n{"kind": "end", "step": 1}\n')
@@ -195,7 +200,7 @@ def test_the_end_waits_for_an_open_page_to_read_the_last_rows(tmp_path, monkeypa
     # a page that stops asking (closed) is waited for only until it would have asked again; never past timeout
     monkeypatch.setattr(dashboard, "POLLING_S", 0.3)
     for timeout in (5, 0.2):
-        server = dashboard.start_dashboard(tmp_path, 0, training=True)
+        server = serve(tmp_path, 0, training=True)
         poll(server, "closed", 0)
         with open(log, "a") as f:
             f.write('{"kind": "end", "step": 2}\n')
@@ -220,7 +225,7 @@ def test_page_charts_mfu_and_hellaswag_when_the_log_has_them(tmp_path):
     sync_playwright = browser_or_skip()
     from test_plot import write_log
     write_log(tmp_path, hellaswag=True)  # a GPU run's log: MFU from step 50, HellaSwag at every evaluation
-    server = dashboard.start_dashboard(tmp_path, 0)
+    server = serve(tmp_path, 0)
     try:
         with sync_playwright() as p:
             browser = launch(p)
@@ -250,7 +255,7 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
     with open(tmp_path / "quiet" / "log.jsonl", "a") as f:
         f.write(json.dumps({"kind": "eval", "step": 205, "tokens": 205 * 512, "time": 20.5, "val_loss": 1.5}) + "\n")
     os.utime(tmp_path / "quiet" / "log.jsonl", (0, os.path.getmtime(tmp_path / "quiet" / "log.jsonl") - 3600))
-    servers = [dashboard.start_dashboard(tmp_path, 0), dashboard.start_dashboard(tmp_path / "quiet", 0)]
+    servers = [serve(tmp_path, 0), serve(tmp_path / "quiet", 0)]
     try:
         with sync_playwright() as p:
             browser = launch(p)
@@ -275,7 +280,7 @@ def test_finished_run_fits_a_narrow_window_and_says_so(tmp_path):
         assert get(dashboard.url(servers[0]) + "favicon.ico") == b""
         assert json.loads(get(dashboard.url(servers[1]) + "log"))["idle_s"] > 3500
         # the training process's own server is live while it answers, however quiet its log
-        servers.append(dashboard.start_dashboard(tmp_path / "quiet", 0, training=True))
+        servers.append(serve(tmp_path / "quiet", 0, training=True))
         assert json.loads(get(dashboard.url(servers[2]) + "log"))["idle_s"] is None
     finally:
         for server in servers:

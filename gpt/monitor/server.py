@@ -113,8 +113,7 @@ def host_name(header):
 
 
 class Server(http.server.ThreadingHTTPServer):
-    """The dashboard's HTTP server for one run folder: bound (and its port taken) when made, serving once
-    started."""
+    """The dashboard's HTTP server for one run folder: bound (its port taken) when made, serving once started."""
 
     daemon_threads = True
 
@@ -142,9 +141,8 @@ class Server(http.server.ThreadingHTTPServer):
             return name in self.names
 
     def finish(self, timeout=5.0):
-        """The run is over: wait until every page still polling has read the log to its end (its last
-        evaluation, samples and "end" row), at most `timeout` seconds and never longer than such a page takes
-        to ask again (POLLING_S); then stop serving. Returns at once when no page is open."""
+        """The run is over: wait, at most `timeout` seconds, until every page still polling has read the log to
+        its end; then stop serving (docs/monitoring.md#live-dashboard)."""
         end = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.pages_behind(end):
@@ -185,9 +183,3 @@ def start(server):
     print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
           flush=True)
     return server
-
-
-def start_dashboard(out_dir, port=8000, host="127.0.0.1", training=False):
-    """make_server and start at once; returns the server. training: this process is the run (its log may be
-    quiet for long, during a long evaluation, and still live)."""
-    return start(make_server(out_dir, port, host, training))

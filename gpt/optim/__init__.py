@@ -1,8 +1,6 @@
 """
-The optimizers: train.py's `optimizer` setting names one (AdamW, or Muon for the blocks' matrices and AdamW
-for the rest), check() refuses a name or a combination that cannot work, build() makes it and load_state()
-resumes it under this run's settings. Both are torch optimizers started without torch._dynamo
-(gpt/optim/adamw.py).
+The optimizers train.py's `optimizer` setting names (AdamW, or Muon for the blocks' matrices and AdamW for the
+rest): check() refuses what cannot work, build() makes one, load_state() resumes it under this run's settings.
 """
 from gpt.optim import muon
 from gpt.runtime.errors import UserError
@@ -27,8 +25,7 @@ def check(name, parallelism):
 
 def build(model, chosen, device_type):
     """The optimizer of the model's trainable parameters that `chosen` (the run plan's: name, learning_rate,
-    betas, weight_decay, and Muon's settings) names. AdamW: matrices and embeddings decay, biases and norm
-    gains do not (model.configure_optimizers, nanoGPT's). Muon: gpt/optim/muon.py's MuonAdamW."""
+    betas, weight_decay, and Muon's settings) names: gpt/optim/adamw.py's or muon.py's configure()."""
     lr, wd, betas = chosen['learning_rate'], chosen['weight_decay'], tuple(chosen['betas'])
     if chosen['name'] == 'adamw':
         return model.configure_optimizers(wd, lr, betas, device_type)
@@ -40,9 +37,8 @@ def build(model, chosen, device_type):
 
 def load_state(optimizer, state_dict):
     """A checkpoint's optimizer state (moments, step counts) in this run's optimizer, which keeps this run's
-    hyperparameters: torch's load_state_dict also brings back every group's lr, betas, weight_decay, Muon's
-    momentum and rate, as the run that saved them had them, which would silently overrule this run's
-    settings. Raises ValueError where the state is another optimizer's (other groups)."""
+    hyperparameters (torch's load_state_dict would bring back the saved run's: docs/checkpoints.md). Raises
+    ValueError where the state is another optimizer's (other groups)."""
     mine = [{k: v for k, v in group.items() if k != 'params'} for group in optimizer.param_groups]
     optimizer.load_state_dict(state_dict)
     for group, settings in zip(optimizer.param_groups, mine):

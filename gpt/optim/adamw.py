@@ -1,7 +1,6 @@
 """
-torch's optimizers, started without torch._dynamo (AdamW here, Muon in gpt/optim/muon.py): torch.optim's
-wrappers import it at their first call, a large share of start-up that only a traced optimizer needs
-(docs/speedrun.md#start-up). configure() makes nanoGPT's AdamW of a model, in decay and no-decay groups.
+torch's optimizers without torch._dynamo's lazy import, a large share of start-up (docs/speedrun.md#start-up),
+and configure(): nanoGPT's AdamW of a model, in decay and no-decay groups.
 """
 import inspect
 
@@ -38,15 +37,11 @@ def configure(model, weight_decay, learning_rate, betas, device_type):
     params = [p for p in model.parameters() if p.requires_grad]
     decay_params = [p for p in params if p.dim() >= 2]
     nodecay_params = [p for p in params if p.dim() < 2]
-    optim_groups = [
-        {"params": decay_params, "weight_decay": weight_decay},
-        {"params": nodecay_params, "weight_decay": 0.0},
-    ]
+    optim_groups = [dict(params=decay_params, weight_decay=weight_decay), dict(params=nodecay_params, weight_decay=0.0)]
     n_decay, n_nodecay = sum(p.numel() for p in decay_params), sum(p.numel() for p in nodecay_params)
     print(f"num decayed parameter tensors: {len(decay_params)}, with {n_decay:,} parameters")
     print(f"num non-decayed parameter tensors: {len(nodecay_params)}, with {n_nodecay:,} parameters")
-    # the fused kernel is much faster where it exists
-    use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
+    use_fused = device_type == "cuda"  # the fused kernel is much faster
     optimizer = AdamW(optim_groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
     print(f"using fused AdamW: {use_fused}")
     return optimizer

@@ -4,10 +4,8 @@ biases), as one torch optimizer: train.py schedules, clips, steps, saves and res
 the CUDA graph of gpt/training/stepgraph.py captures it.
 
 Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the nearest semi-orthogonal
-matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16. Matrices of
-one shape are iterated as one batch, and under DDP each rank iterates an equal share of every shape and
-all-gathers the rest (muon_shard). Why it is batched and shared so: docs/speedrun.md#muon. FSDP, which
-shards the matrices themselves, is refused (gpt/optim/__init__.py).
+matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16, batched by
+shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why.
 """
 import math
 
@@ -70,9 +68,8 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
 
 
 class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
-    """Param groups with 'muon': True take Muon steps; the others are handed to torch's AdamW (fused on
-    CUDA; gpt/optim/__init__.py's, which like this class never imports torch._dynamo), which shares this optimizer's
-    groups and state, so state_dict() and load_state_dict() hold both.
+    """Param groups with 'muon': True take Muon steps; the others are handed to gpt/optim/adamw.py's AdamW,
+    which shares this optimizer's groups and state, so state_dict() and load_state_dict() hold both.
 
     A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
     'lr' to the AdamW rate, and lr_scale (muon_lr / learning_rate) keeps Muon's rate in proportion. Its
@@ -117,8 +114,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         # Few, large kernels: each op runs once for a whole group or stack, not once per matrix. found_inf
         # (the CUDA graph's flag) enters as a rate of zero and a momentum left as it is, never as a CPU branch.
         buckets, rates = self._pieces(found_inf)
-        # one batched iteration per shape (tall pieces transposed to join it); every shape's all-gather is
-        # launched before any is waited for
+        # one batched iteration per shape (tall pieces transposed), every all-gather launched before any wait
         steps = []
         for ns_steps, runs in buckets.values():
             pieces = [piece.mT if tall else piece for (_, tall, _), items in runs.items() for _, piece in items]
@@ -142,7 +138,8 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
             params = [p for p in group['params'] if p.grad is not None]
             if not params:
                 continue
-            rates.append(self._rate(group, found_inf))
+            rate = group['lr'] * group['lr_scale']  # a float, or a 0-dim tensor (the CUDA graph's rate)
+            rates.append(rate if found_inf is None else rate * (1 - found_inf))  # zero on a skipped step
             targets = []
             for p, update in zip(params, self._momentum(group, params, skip)):
                 start = 0
@@ -174,28 +171,19 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         return torch._foreach_lerp(grads, bufs, m) if group['nesterov'] else bufs
 
     @staticmethod
-    def _rate(group, found_inf):
-        """The group's step size, a float or a 0-dim tensor (the CUDA graph's learning rate, or any rate
-        times 1 - found_inf: zero on a skipped step)."""
-        lr = group['lr'] * group['lr_scale']
-        return lr if found_inf is None else lr * (1 - found_inf)
-
-    @staticmethod
     def _apply(targets, updates, lr, dtype):
         """targets[i] -= lr * scale * updates[i], for a run of orthogonalized pieces of one shape (k, rows,
-        cols): scaled on the whole stack at once, in the parameters' dtype, then subtracted from each
-        piece's rows by one multi-tensor op. scale = sqrt(max(1, rows / cols)) gives a tall piece updates of
-        the same per-entry size as a wide one's."""
+        cols), scale = sqrt(max(1, rows / cols)): scaled as one stack in the parameters' dtype, then subtracted
+        by one multi-tensor op."""
         scale = math.sqrt(max(1.0, updates.size(-2) / updates.size(-1)))
         updates = updates.to(dtype, memory_format=torch.contiguous_format)  # the rows' own layout
         updates.mul_(lr * scale if scale != 1.0 else lr)
         torch._foreach_sub_(targets, list(updates.unbind(0)))
 
     def _orthogonalize_shared(self, stacked, steps):
-        """orthogonalize(stacked) as (result, pending all-gather or None). Alone (or with shard=False): all
-        of it here. Under DDP: the k matrices of one shape cut into world_size runs of ceil(k / world_size),
-        this rank iterating its own (the last runs padded with zeros, whose result is zero), the results
-        all-gathered into the whole stack, every rank then holding the same updates."""
+        """orthogonalize(stacked) as (result, pending all-gather or None): alone (or shard=False) all of it here;
+        under DDP this rank's run of ceil(k / world_size) matrices (the last padded with zeros, whose result is
+        zero), all-gathered into the whole stack."""
         if not (self.shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return orthogonalize(stacked, steps), None
         world, rank, k = dist.get_world_size(), dist.get_rank(), stacked.size(0)
@@ -211,11 +199,10 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
               momentum, device_type, shard=True, scalars=(), scalar_lr=0.0, nesterov=True):
-    """The optimizer of optimizer='muon' (gpt/optim/__init__.py's build). muon_params: [(weight, splits or None)], the
-    blocks' matrices; adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not).
-    With scalar_lr > 0 the `scalars` (the model's learned_scalars) are an AdamW group of their own at that
-    rate, lr_scale = scalar_lr / learning_rate of the schedule's rate, as Muon's groups (gpt/training/step.py's set_lr);
-    with 0 they train in the 1-D group, at learning_rate."""
+    """The optimizer of optimizer='muon'. muon_params: [(weight, splits or None)], the blocks' matrices;
+    adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not). With scalar_lr > 0
+    the `scalars` (learned_scalars) are an AdamW group of their own, its lr_scale scalar_lr / learning_rate as
+    Muon's groups; with 0 they train in the 1-D group, at learning_rate."""
     if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
         raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
                         f"{muon_lr}, {scalar_lr})")

@@ -15,8 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 from gpt.runtime.settings import POSITIVE, Setting
 
-# train.py's settings for how DDP and FSDP2 reduce and keep gradients and weights, set like train.py's own
-# (gpt/runtime/settings.py); the defaults are the fastest of docs/scaling.md's table
+# train.py's settings for DDP and FSDP2 (gpt/runtime/settings.py); the defaults are docs/scaling.md's fastest
 SETTINGS = dict(
     ddp_reduce_dtype=Setting(default='float32', doc="gradients summed over the GPUs in 'float32' (exact) or "
                              "'bfloat16' (half the bytes)"),
@@ -26,8 +25,6 @@ SETTINGS = dict(
     ddp_static_graph=Setting(default=True, doc="DDP's static_graph, where the model allows it"),
     fsdp_reshard_after_forward=Setting(default=True, doc="fsdp: False keeps gathered weights through a step: "
                                        "faster, more memory"),
-    # 'blocks' is PyTorch's regional compilation: the blocks share their code, so dynamo traces and inductor
-    # compiles one block once and every block reuses it; embeddings, final norm, head and loss run eagerly
     compile_scope=Setting((lambda v: v in COMPILE_SCOPES, "'model' or 'blocks' (gpt/runtime/distributed.py)"),
                           unused=lambda c: not c['compile'] and "compile=False compiles nothing", default='model',
                           doc="with compile: 'model' (one graph, nanoGPT's) or 'blocks' (each block on its own: a "
@@ -66,10 +63,8 @@ def wrap_args(options):
 
 
 def launch(environ, gpus):
-    """(rank, local rank, world size) from the variables torchrun sets, or None without RANK (one process).
-    A launch that sets RANK but not the rest (a scheduler's own variables, a half-written script), or values
-    that cannot be, is one line; so is a local rank with no GPU of its own (gpus: this machine's count, 0
-    for a run off CUDA)."""
+    """(rank, local rank, world size) from the variables torchrun sets, or None without RANK (one process);
+    a partial or impossible launch is one line. gpus: this machine's count, 0 for a run off CUDA."""
     if "RANK" not in environ:
         return None
     how = "launch with torchrun (it sets them all), or unset RANK to train in one process"
@@ -172,8 +167,7 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
     # FSDP2 shards each rank's own copy and, unlike DDP, broadcasts nothing: a new model's weights drawn on
     # GPUs of different models (init_device='device') could differ from rank to rank. Rank 0's, then, everywhere
     broadcast_weights(model)
-    # compute in the run's dtype; reduce gradients in float32 by default, as DDP does (bf16 sums of many
-    # ranks lose bits)
+    # compute in the run's dtype, reduce in reduce_dtype (docs/scaling.md#fsdp2-models-that-do-not-fit-one-gpu)
     param_dtype = getattr(torch, dtype) if dtype != "float32" else None
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=getattr(torch, reduce_dtype))
     for block in model.transformer.h:
@@ -188,9 +182,8 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
 
 
 def static_graph_problem(model):
-    """Why DDP's static_graph would be wrong for this model, or None: it plans the reductions from the first
-    step, so every step must use the same parameters; one that gets no gradient from a pass (in eval mode,
-    drawing no random numbers) marks a model whose steps may differ (docs/scaling.md, ddp_static_graph)."""
+    """Why DDP's static_graph would be wrong for this model, or None: a parameter that gets no gradient from one
+    pass marks a model whose steps may differ (docs/scaling.md, ddp_static_graph)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     device = params[0][1].device
     idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
@@ -223,9 +216,8 @@ def compile_blocks(model):
 
 
 def bf16_allreduce_hook(group, bucket):
-    """A DDP communication hook: each bucket of gradients is rounded to bfloat16, divided by the number of
-    ranks, summed over them in bfloat16 (half the bytes of float32 on the wire), and written back as float32.
-    What torch's bf16_compress_hook does; ours also runs on gloo (CPU tests), where torch's refuses to."""
+    """DDP's communication hook for ddp_reduce_dtype='bfloat16' (docs/scaling.md): torch's bf16_compress_hook's
+    arithmetic, which also runs on gloo (CPU tests), where torch's refuses to."""
     group = group or dist.group.WORLD
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
@@ -244,25 +236,20 @@ def rank_zero_first(load):
     if dist.get_rank() == 0:
         result = load()
     dist.barrier()
-    if dist.get_rank() != 0:
-        result = load()
-    return result
+    return result if dist.get_rank() == 0 else load()
 
 
 def set_gradient_sync(model, sync):
     """Reduce gradients on this micro-step or not: only on the last micro-step of gradient accumulation,
     one reduction per step. (FSDP then keeps unsharded gradients between micro-steps, in the compute dtype.)"""
     if isinstance(model, DDP):
-        # static_graph: DDP records the graph in its first backward pass, which fails under no_sync; that one
-        # micro-step reduces too (the first step's gradients are then the same sum, up to rounding)
+        # static_graph: DDP's first backward pass must reduce (under no_sync it fails): docs/scaling.md
         first = model.static_graph and not getattr(model, "_static_graph_delay_allreduce_enqueued", True)
         model.require_backward_grad_sync = sync or first
     elif hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
         model.set_requires_gradient_sync(sync)
         if getattr(model, "keep_gathered_while_accumulating", False):
-            # reshard_after_forward=False: also keep the gathered weights from one micro-step's backward to
-            # the next one's forward, resharding only after the last: one all-gather a step, as DDP's one
-            # all-reduce, instead of one per block and micro-step
+            # reshard_after_forward=False: gathered until the last micro-step's backward too (docs/scaling.md)
             model.set_reshard_after_backward(sync)
 
 
@@ -286,8 +273,7 @@ def full_tensor(norm):
 
 
 def checkpoint_activations(model):
-    """Recompute each block's activations in the backward pass instead of keeping them: much less memory
-    for about a third more compute. Done by overriding each block's forward, so parameter names and the
-    FSDP units stay as they are."""
+    """Recompute each block's activations in the backward pass instead of keeping them (much less memory, about
+    a third more compute), by overriding each block's forward: parameter names and FSDP units stay."""
     for block in model.transformer.h:
         block.forward = (lambda f: lambda *args: checkpoint(f, *args, use_reentrant=False))(block.forward)

@@ -84,9 +84,8 @@ def for_generation(model, device_type, dtype):
 
 
 def attention_kernels(cudnn):
-    """Whether F.scaled_dot_product_attention may pick cuDNN's kernel (False: flash attention, the same math).
-    cuDNN's builds its kernels at a process's first calls, which a short run's cold launch pays for
-    (docs/records/2026-11-27-speedrun.md)."""
+    """Whether F.scaled_dot_product_attention may pick cuDNN's kernel (False: flash attention, the same math,
+    without cuDNN's kernel builds at a cold launch: docs/records/2026-11-27-speedrun.md)."""
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
@@ -120,9 +119,8 @@ def maybe_compile(model, compile, device_type, **options):
 
 
 def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
-    """Whether model.py's attention runs qk_norm and the rotary embedding as gpt/kernels/fused_qk.py's Triton kernel:
-    asked for, and able to work here (else, verbose, say why not: the plain path computes the same).
-    model: the run's GPTConfig."""
+    """Whether attention runs qk_norm and the rotary embedding as gpt/kernels/fused_qk.py's Triton kernel: asked
+    for, and able to work here (else, verbose, say why not: the plain path computes the same). model: GPTConfig."""
     problem = fused_qk and (
         "neither qk_norm nor rotary embeddings to fuse" if not (model.qk_norm or model.rotary)
         else f"needs a CUDA GPU (this run: {device_type})" if device_type != 'cuda'

@@ -1,17 +1,8 @@
 """
-Every setting is declared once, beside the code that owns it: its default, the values that make sense, one
-line of documentation, when it does nothing, and what a resumed run does with it. From the declarations come
-`--help` (configurator.py), the tables of docs/configuration.md (tests/test_docs.py holds them to it), the
-checks before a run (check), the notes on settings given that do nothing here (notes) and what a resume may
-change (gpt/training/plan.py).
-
-A script's own settings are its module-level globals, as in nanoGPT, each annotated with its declaration; the
-value is the default and the comment its documentation:
-
-    eval_interval: Setting(POSITIVE) = 2000  # evaluate every N steps
-
-A feature declares its settings beside its code as a dict of name -> Setting (gpt/optim/muon.py's SETTINGS),
-which the script hands to the configurator. Adding a setting to a feature is its declaration and its use.
+Every setting is declared once, beside the code that owns it, as a Setting: its default, the values that make
+sense, one line of documentation, when it does nothing and what a resumed run does with it. --help, the tables
+of docs/configuration.md, the checks, the notes and the resume rules all come from the declarations
+(docs/configuration.md#every-setting says how to declare one).
 """
 import os
 import re
@@ -101,16 +92,11 @@ def check(config, declarations):
 
 
 def notes(config, declarations):
-    """The settings the user gave (config files or flags: config.given) that this run's other settings make do
-    nothing, as lines "key=value does nothing here: why". Notes, not errors: a config file may set what a flag
-    then turns off (--lr_schedule=wsd over a cosine config's lr_decay_iters)."""
+    """Lines "key=value does nothing here: why" for the settings given (config.given) that the others make do
+    nothing. Notes, not errors: a config file may set what a flag then turns off."""
     given = getattr(config, 'given', ())
-    lines = []
-    for key, s in declarations.items():
-        why = s.unused(config) if s.unused and key in given else None
-        if why:
-            lines.append(f"{key}={config[key]!r} does nothing here: {why}")
-    return lines
+    whys = {key: s.unused(config) for key, s in declarations.items() if s.unused and key in given}
+    return [f"{key}={config[key]!r} does nothing here: {why}" for key, why in whys.items() if why]
 
 
 def resume_groups(declarations):

@@ -1,8 +1,6 @@
 """
-Stopping a run cleanly when the machine is taken away (docs/checkpoints.md#preemption): SIGTERM, SIGINT or
-SIGHUP asks the training loop to finish its step (or abandon an evaluation), write a checkpoint and exit; a
-second SIGTERM or SIGINT exits at once. A hangup also points stdout and stderr that were the lost terminal at
-/dev/null, so that a print on the way cannot stop the run short of its checkpoint.
+Stopping a run cleanly when the machine is taken away: SIGTERM, SIGINT or SIGHUP asks for a checkpoint and an
+exit after this step (docs/checkpoints.md#preemption says what each signal does).
 """
 import os
 import signal
@@ -18,7 +16,7 @@ LOST = (OSError, ValueError, RuntimeError)  # a print from a signal handler that
 
 
 class StopRequest:
-    """then: what check() does on a stop (train.py's: checkpoint and exit); device: requested()'s default."""
+    """then: what check() does on a stop (train.py's: checkpoint and exit); device: where the ranks' flags meet."""
 
     def __init__(self, device=None, then=None):
         self.signum, self.device, self.then = None, device, then
@@ -43,12 +41,12 @@ class StopRequest:
             f"evaluation is abandoned), then writing a checkpoint (send "
             f"{'SIGTERM' if signum == HANGUP else 'it again'} to exit at once)")
 
-    def requested(self, device=None):
+    def requested(self):
         """Whether to stop now. Under DDP every rank must agree, or the ranks that go on would wait
         forever for the ones that stopped: any rank's signal stops them all, at the same step."""
         stop = self.signum is not None
         if dist.is_available() and dist.is_initialized():
-            flag = torch.tensor([int(stop)], device=device or self.device)
+            flag = torch.tensor([int(stop)], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             stop = bool(flag.item())
         return stop
@@ -64,17 +62,15 @@ class StopRequest:
 
 
 def say(text, stream=None):
-    """Print from a signal handler: it runs between any two bytecodes of the run, possibly inside another print
-    (RuntimeError: a reentrant call) or with the terminal gone (OSError); the message is then lost, never the
-    run."""
+    """Print from a signal handler: it runs between any two bytecodes, maybe inside another print (RuntimeError:
+    a reentrant call) or with the terminal gone (OSError); the message is then lost, never the run."""
     with suppress(*LOST):
         print(text, file=stream or sys.stdout, flush=True)
 
 
 def mute_dead_terminal():
-    """stdout and stderr that were a terminal now hung up go to /dev/null (a live terminal stays). A hung-up
-    terminal is a character device that no longer answers as a terminal (isatty fails once it is gone) and
-    is not /dev/null."""
+    """stdout and stderr that were a terminal now hung up go to /dev/null (a live one stays): a hung-up terminal
+    is a character device that no longer answers as a terminal (isatty fails) and is not /dev/null."""
     for fd in (1, 2):
         try:
             st = os.fstat(fd)

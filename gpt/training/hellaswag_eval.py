@@ -130,12 +130,10 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
 
 def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_size=1, batch_examples=8,
              pad_multiple=64, progress=False, stop=None):
-    """HellaSwag accuracy: dict(acc, acc_norm, n). Example i is scored by rank i % world_size; under DDP
-    the counts are summed over ranks, so every rank gets the totals. Pass the model without its DDP
-    wrapper (a torch.compile'd one is fine): ranks run different numbers of forwards. Batches always hold
-    4 * batch_examples rows of a multiple of pad_multiple positions, so a compiled model meets only a few
-    shapes and recompiles only a few times. stop(), asked after each of the batches every rank runs (it may be
-    a collective), abandons the evaluation: the result is then None."""
+    """HellaSwag accuracy: dict(acc, acc_norm, n). Example i is scored by rank i % world_size, the counts summed
+    over the ranks. Pass the model without its DDP wrapper (a torch.compile'd one is fine): ranks run different
+    numbers of forwards (of _collate's few shapes). stop(), asked after each of the batches every rank runs (it
+    may be a collective), abandons the evaluation: the result is then None."""
     mine = examples[rank::world_size]
     common = -(-len(examples[world_size - 1::world_size]) // batch_examples)  # the last rank's count is the least
     block_size = model.config.block_size

@@ -1,10 +1,9 @@
 """
 The training step as one CUDA graph (cuda_graph=True, one CUDA GPU): every micro-step's forward and backward,
-the clipping and the update, recorded once and replayed every iteration: a step bound by launching kernels
-from Python is launched at once, the same kernels (docs/benchmarks.md). A graph needs fixed shapes and
-addresses and no value read back on the CPU: the batches are copied into fixed buffers, the learning rate is
-a GPU tensor that fused AdamW reads (capturable), and train_step (gpt/training/step.py) skips a non-finite
-update on the GPU.
+the clipping and the update, recorded once and replayed every iteration (docs/benchmarks.md). A graph needs
+fixed shapes and addresses and no value read back on the CPU: the batches are copied into fixed buffers, the
+learning rate is a GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update
+on the GPU.
 """
 import torch
 
@@ -19,9 +18,7 @@ class StepGraph:
     def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True,
                  scaler=None, warmups=3):
         self.model, self.optimizer, self.ctx, self.graphed = model, optimizer, ctx, graphed
-        # eager steps before the capture set up cuBLAS and the optimizer's state: one does it uncompiled; a
-        # compiled model may recompile on its next calls, so 3 there, as torch's CUDA graph docs do
-        self.warmups = warmups
+        self.warmups = warmups  # 1 is enough uncompiled; a compiled model may recompile: 3, as torch's docs do
         self.grad_clip, self.accum = grad_clip, accum
         self.scaler = scaler or torch.amp.GradScaler(torch.device(device).type, enabled=False)
         self.x = torch.zeros((accum, batch_size, block_size), dtype=torch.long, device=device)
