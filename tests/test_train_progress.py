@@ -107,7 +107,7 @@ def test_step_times_leave_out_the_evaluations(tmp_path):
     write_meta(d, {"tokenizer": "char", "vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")})
     out = tmp_path / "out"
     r = run("train.py", f"--data_dir={d}", f"--out_dir={out}",
-            *flags(**tiny(n_layer=1, max_iters=6, eval_interval=4, eval_iters=300, lr_decay_iters=6)))
+            *flags(**tiny(n_layer=1, max_iters=6, eval_interval=4, eval_iters=1000, lr_decay_iters=6)))
     evaluation_s = log_rows(out, "startup")[0]["first_evaluation"]
     steps = log_rows(out)
     assert evaluation_s > 0.3, evaluation_s  # long enough to tell
