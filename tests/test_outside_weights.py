@@ -1,10 +1,12 @@
 """
 Weights from outside - a checkpoint (ckpt.pt) or a transformers folder (init_from=<folder>) - that are damaged or
-hostile: every loader (train.py resuming or starting from a folder, sample.py, export.py) ends each kind of damage
-in one `error:` line naming the file, exit status 2 and no traceback; a hostile pickle runs no code. The kinds: a
-truncated file, garbage bytes, a pickle with code (torch.save's zip and legacy formats), a counter of the wrong
-type, a NaN or inf weight, a tensor missing, and a character model whose vocabulary is nowhere to be found.
+hostile: every loader (train.py resuming or starting from a folder, sample.py, export.py, hellaswag.py) ends each
+kind of damage in one `error:` line naming the file, exit status 2 and no traceback; a hostile pickle runs no
+code. The kinds: a truncated file, garbage bytes, a pickle with code (torch.save's zip and legacy formats), a
+counter of the wrong type, a NaN or inf weight, a tensor missing, and a character model whose vocabulary is
+nowhere to be found.
 """
+import json
 import os
 import pickle
 
@@ -91,8 +93,20 @@ def char_data(corpus_path, tmp_path_factory):
     return write_char_dataset(tmp_path_factory.mktemp("chars"), corpus_path, chars=20000)
 
 
-def loader(script, out_dir, char_data):
+@pytest.fixture(scope="module")
+def hellaswag_file(tmp_path_factory):
+    """One HellaSwag example in the official jsonl's format, so that hellaswag.py goes on to load the model."""
+    path = tmp_path_factory.mktemp("hellaswag") / "hellaswag_val.jsonl"
+    path.write_text(json.dumps(dict(ind=0, activity_label="Cooking", ctx_a="A man cooks.", ctx_b="He",
+                                    ctx="A man cooks. He", split="val", split_type="indomain", label=0,
+                                    endings=["eats.", "sleeps.", "runs.", "sings."], source_id="x")) + "\n")
+    return path
+
+
+def loader(script, out_dir, char_data, hellaswag_file=None):
     """The command line that makes `script` load out_dir/ckpt.pt."""
+    if script == "hellaswag.py":
+        return ["hellaswag.py", f"--out_dir={out_dir}", f"--path={hellaswag_file}", "--device=cpu"]
     if script == "train.py":
         return ["train.py", "--init_from=resume", f"--out_dir={out_dir}", f"--data_dir={char_data}",
                 *(f"--{k}={v}" for k, v in tiny(max_iters=8, n_layer=1).items())]
@@ -101,15 +115,15 @@ def loader(script, out_dir, char_data):
     return ["export.py", f"--out_dir={out_dir}", f"--export_dir={out_dir}/hf"]
 
 
-LOADERS = ("train.py", "sample.py", "export.py")
+LOADERS = ("train.py", "sample.py", "export.py", "hellaswag.py")
 
 
 @pytest.mark.parametrize("script", LOADERS)
 @pytest.mark.parametrize("kind", ["truncated", "garbage", "pickle", "legacy pickle", "plain pickle"])
-def test_a_damaged_or_hostile_checkpoint_is_one_line(script, kind, char_data, tmp_path):
+def test_a_damaged_or_hostile_checkpoint_is_one_line(script, kind, char_data, hellaswag_file, tmp_path):
     path, marker = checkpoint(tmp_path / "run"), tmp_path / "code-ran"
     damage(path, kind, marker)
-    line = one_error_line(run(*loader(script, tmp_path / "run", char_data), check=False), path)
+    line = one_error_line(run(*loader(script, tmp_path / "run", char_data, hellaswag_file), check=False), path)
     assert not marker.exists(), "the checkpoint's pickle ran code"
     if kind in ("pickle", "legacy pickle"):
         assert "unsafe, not loaded" in line and "class io.open" in line, line
@@ -138,38 +152,41 @@ def test_the_entries_train_py_and_nanogpt_save_pass(tmp_path):
 
 
 @pytest.mark.parametrize("script", LOADERS)
-def test_each_loader_refuses_a_wrong_typed_counter_and_model_arg(script, char_data, tmp_path):
+def test_each_loader_refuses_a_wrong_typed_counter_and_model_arg(script, char_data, hellaswag_file, tmp_path):
     path = checkpoint(tmp_path / "a", iter_num="7")
-    one_error_line(run(*loader(script, tmp_path / "a", char_data), check=False), path, "'iter_num'")
+    one_error_line(run(*loader(script, tmp_path / "a", char_data, hellaswag_file), check=False), path, "'iter_num'")
     path = checkpoint(tmp_path / "b")
     ckpt = torch.load(path)
     ckpt["model_args"]["n_embd"] = "32"
     torch.save(ckpt, path)
-    one_error_line(run(*loader(script, tmp_path / "b", char_data), check=False), path, "model_args['n_embd']")
+    one_error_line(run(*loader(script, tmp_path / "b", char_data, hellaswag_file), check=False), path,
+                   "model_args['n_embd']")
 
 
 @pytest.mark.parametrize("script", LOADERS)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_weights_that_are_not_finite_are_refused_naming_the_first(script, bad, char_data, tmp_path):
+def test_weights_that_are_not_finite_are_refused_naming_the_first(script, bad, char_data, hellaswag_file, tmp_path):
     path = checkpoint(tmp_path / "run")
     ckpt = torch.load(path)
     ckpt["model"]["transformer.h.0.mlp.c_fc.weight"][3, 4] = bad
     ckpt["model"]["transformer.ln_f.weight"][0] = bad
     torch.save(ckpt, path)
-    line = one_error_line(run(*loader(script, tmp_path / "run", char_data), check=False), path)
+    line = one_error_line(run(*loader(script, tmp_path / "run", char_data, hellaswag_file), check=False), path)
     assert "weight transformer.h.0.mlp.c_fc.weight holds NaN or inf" in line, line
 
 
-@pytest.mark.parametrize("script", ["sample.py", "export.py"])
+@pytest.mark.parametrize("script", ["sample.py", "export.py", "hellaswag.py"])
 @pytest.mark.parametrize("dataset", ["no_such_dataset_here", None])
-def test_a_character_model_without_its_vocabulary_is_refused_not_decoded_as_gpt2(script, dataset, tmp_path):
+def test_a_character_model_without_its_vocabulary_is_refused_not_decoded_as_gpt2(script, dataset, hellaswag_file,
+                                                                                  tmp_path):
     # a nanoGPT checkpoint of shakespeare_char: no dataset_meta, its meta.pkl in data/<dataset>/ (here: absent)
     path = checkpoint(tmp_path / "run", dataset=dataset or "x")
     if dataset is None:
         ckpt = torch.load(path)
         del ckpt["config"]["dataset"]
         torch.save(ckpt, path)
-    line = one_error_line(run(*loader(script, tmp_path / "run", None), check=False), path, "65 tokens")
+    line = one_error_line(run(*loader(script, tmp_path / "run", None, hellaswag_file), check=False), path,
+                          "65 tokens")
     if dataset:
         assert os.path.join("data", dataset, "meta.pkl") in line and f"data/{dataset}/prepare.py" in line, line
     else:
@@ -292,7 +309,6 @@ def test_plain_and_sharded_weights_load_as_they_are(tmp_path):
     for shard in set(half.values()):
         save_file({n: weights[n].contiguous() for n in names if half[n] == shard}, folder / shard,
                   metadata={"format": "pt"})
-    import json
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": half}))
     loaded = hf.load_pretrained(str(folder))[1]
     assert loaded.keys() == reference.keys() and all(torch.equal(reference[k], v) for k, v in loaded.items())
