@@ -15,8 +15,7 @@ import torch
 from tqdm import tqdm
 
 import configurator
-from gpt.checkpoint import load_checkpoint, model_from_checkpoint, newer_sharded
-from gpt.data import dataset_dir, read_meta
+from gpt.checkpoint import checkpoint_meta, load_checkpoint, model_from_checkpoint, newer_sharded
 from gpt.data.tokenizer import get_tokenizer
 from gpt.hf import exportdir, model_card, to_hf, verify
 from gpt.hf.tokenizer import hf_tokenizer, save_tokenizer
@@ -55,11 +54,7 @@ def main(argv):
     if not sys.stderr.isatty():
         transformers.utils.logging.disable_progress_bar()  # quiet in logs and CI, like our own bars
     model = model_from_checkpoint(ckpt, path).eval()
-    meta = ckpt.get('dataset_meta')
-    if meta is None and 'dataset' in ckpt.get('config', {}):
-        # a nanoGPT checkpoint: the dataset's metadata is where nanoGPT keeps it
-        meta = read_meta(dataset_dir(ckpt['config']['dataset']))
-    tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
+    tokenizer = get_tokenizer(checkpoint_meta(ckpt, path))  # no metadata means GPT-2 BPE, as in nanoGPT
     if s['dtype'] != 'float32':
         # round our weights as the export will, so the check compares like with like
         with torch.no_grad():

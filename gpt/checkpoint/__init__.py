@@ -310,7 +310,12 @@ def load_checkpoint(path):
     ckpt = safe_load(path)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
+    check_entries(ckpt, path)
     ckpt["model"] = clean_state_dict(ckpt["model"])
+    bad = first_non_finite(ckpt["model"])
+    if bad:
+        raise UserError(f"{path}: weight {bad} holds NaN or inf, so the model cannot sample or train (the run "
+                        f"diverged before this was saved, or the file was damaged); {way_back(path)}")
     return ckpt
 
 
@@ -453,10 +458,56 @@ def load_model(init_from, out_dir):
                         + (f"{path}" if os.path.exists(path) else f"any {path}")
                         + f": make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
     ckpt = load_checkpoint(path)
-    model, meta = model_from_checkpoint(ckpt, path), ckpt.get("dataset_meta")
-    if meta is None and "dataset" in ckpt.get("config", {}):
-        meta = read_meta(dataset_dir(ckpt["config"]["dataset"]))  # nanoGPT's: where nanoGPT keeps it
-    return model, meta
+    return model_from_checkpoint(ckpt, path), checkpoint_meta(ckpt, path)
+
+
+def checkpoint_meta(ckpt, path):
+    """A checkpoint's dataset metadata (None: GPT-2 BPE): its own, else (nanoGPT's) data/<its dataset>/'s. A
+    smaller vocabulary than GPT-2's without one is refused: GPT-2's BPE would decode its ids as other text."""
+    meta, dataset = ckpt.get("dataset_meta"), (ckpt.get("config") or {}).get("dataset")
+    if meta is None and dataset:
+        meta = read_meta(dataset_dir(dataset))
+    vocab = ckpt["model_args"].get("vocab_size", GPT2_VOCAB)
+    if meta is None and vocab < GPT2_VOCAB:
+        where = (f"and {os.path.join(dataset_dir(dataset), 'meta.pkl')} (or meta.json) is missing: run data/"
+                 f"{dataset}/prepare.py, or copy that dataset's meta file there" if dataset else "nor names its "
+                 "dataset: set config['dataset'] in it to the data/ folder holding its meta.pkl or meta.json")
+        raise UserError(f"{path}: a model of {vocab} tokens (not GPT-2's {GPT2_VOCAB}) whose vocabulary the "
+                        f"checkpoint does not hold, {where}")
+    return meta
+
+
+GPT2_VOCAB = 50257  # GPT-2 BPE's tokens: a smaller vocabulary is a dataset's own
+# the types of the entries the code reads from a checkpoint (absent: None); nanoGPT's best_val_loss is a tensor
+ENTRIES = {"model": dict, "model_args": dict, "config": dict, "plan": dict, "dataset_meta": dict, "iter_num": int,
+           "tokens": int, "skipped_steps": int, "log_position": int, "best_val_loss": (float, int, torch.Tensor),
+           "elapsed": (float, int), "initial_val_loss": (float, int), "wandb_run_id": str}
+
+
+def check_entries(ckpt, path):
+    """One line naming file and entry for an entry (ENTRIES), a weight or a model_args field of another type
+    than its writer saves: later it would be a ValueError deep in the run, or a count silently wrong."""
+    for key, kinds in ENTRIES.items():
+        value = ckpt.get(key)
+        tensor_ok = not isinstance(value, torch.Tensor) or (value.numel() == 1 and value.is_floating_point())
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool) or not tensor_ok
+                                  or kinds is int and value < 0):
+            want = "int of 0 or more" if kinds is int else "number" if isinstance(kinds, tuple) else kinds.__name__
+            raise UserError(f"{path}: its entry {key!r} is {type(value).__name__} {value!r:.40}, not a {want}: the "
+                            f"checkpoint is damaged or was edited")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["model"].items()):
+        raise UserError(f"{path}: its entry 'model' holds more than named tensors: the checkpoint is damaged")
+    for key, value in ckpt["model_args"].items():
+        want = getattr(GPTConfig.__dataclass_fields__.get(key), "type", None)
+        if want in (int, float, bool, str) and value is not None and type(value) is not want \
+                and not (want is float and type(value) is int):
+            raise UserError(f"{path}: model_args[{key!r}] is {type(value).__name__} {value!r:.40}, not a "
+                            f"{want.__name__}: the checkpoint is damaged or was edited")
+
+
+def first_non_finite(state_dict):
+    """The name of a state dict's first floating-point tensor that holds NaN or inf, or None."""
+    return next((k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
 
 
 # --- resuming

@@ -10,12 +10,15 @@ import, and check_folder and refused_fields need none of it.
 """
 import dataclasses
 import json
+import logging
 import os
 import types
+import zipfile
 
 import torch
 from tqdm import tqdm
 
+from gpt.checkpoint import LEGACY_START, first_non_finite, safe_load
 from gpt.runtime.errors import UserError
 
 # GPT-2 stores these as Conv1D weights, the transpose of a Linear's
@@ -303,29 +306,92 @@ def check_folder(folder, field_types=None):
 
 
 def load_pretrained(model_type, dropout=0.0):
-    """(model_args, state dict) from GPT-2 weights through transformers - a hub name (gpt2, gpt2-medium,
-    gpt2-large, gpt2-xl) or a local folder written by save_pretrained - or from a Llama folder. A folder's
-    config is checked before its weights are read; weights that cannot be had are one line (UserError)."""
+    """(model_args, state dict) of a hub GPT-2 (gpt2, ..., gpt2-xl) or a GPT-2 or Llama folder (save_pretrained's):
+    its config checked, then its weights read (read_weights); what cannot load is one UserError."""
+    from transformers import AutoConfig, GPT2LMHeadModel, LlamaForCausalLM
+    from transformers.utils import cached_file
+    quiet = {logging.getLogger(name): logging.getLogger(name).level for name in ("huggingface_hub", "transformers")}
+    for logger in quiet:  # their warnings (the hub's retries, the load report) would come before our one line
+        logger.setLevel(logging.ERROR)
     try:
-        if os.path.isdir(model_type):
-            from transformers import AutoConfig
-            check_folder(model_type)
-            try:
-                config = AutoConfig.from_pretrained(model_type)
-            except Exception as e:  # transformers' ValueError, OSError; huggingface_hub's StrictDataclassError
-                raise UserError(f"{model_type}: transformers cannot read its config.json "
-                                f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
-            args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
-            if config.model_type == "llama":
-                from transformers import LlamaForCausalLM
-                print(f"loading Llama weights from {model_type}")
-                return llama_from_hf(LlamaForCausalLM.from_pretrained(model_type), dropout)
-        from transformers import GPT2LMHeadModel
-        print(f"loading GPT-2 weights from {model_type}")
-        return gpt2_from_hf(GPT2LMHeadModel.from_pretrained(model_type), dropout)
+        folder = model_type
+        if not os.path.isdir(model_type):  # a hub name: its files from the cache, or downloaded
+            cached_file(model_type, "model.safetensors")
+            folder = os.path.dirname(cached_file(model_type, "config.json"))
+        check_folder(folder)
+        try:
+            config = AutoConfig.from_pretrained(folder)
+        except Exception as e:  # transformers' ValueError, OSError; huggingface_hub's StrictDataclassError
+            raise UserError(f"{model_type}: transformers cannot read its config.json "
+                            f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+        args_from_hf_config(config, dropout)  # refuses early what cannot load exactly
+        state_dict, llama = read_weights(folder), config.model_type == "llama"
+        print(f"loading {'Llama' if llama else 'GPT-2'} weights from {model_type}")
+        try:
+            hf_model, info = (LlamaForCausalLM if llama else GPT2LMHeadModel).from_pretrained(
+                None, config=config, state_dict=state_dict, output_loading_info=True)
+        except (RuntimeError, ValueError) as e:  # a tensor of another shape than config.json's
+            raise UserError(f"{folder}: its weights do not fit its config.json ({' '.join(str(e).split())[:300]})")
     except OSError as e:
         raise UserError(f"could not load GPT-2 weights '{model_type}' (no network, or not a model name or "
                         f"folder?): {str(e).splitlines()[0]}")
+    finally:
+        for logger, level in quiet.items():
+            logger.setLevel(level)
+    # a tensor no file holds would be drawn at random by transformers (the causal masks are not weights)
+    missing = sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias")))
+    if missing:
+        raise UserError(f"{folder}: its weight files lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+                        f": they are damaged or of another model")
+    return (llama_from_hf if llama else gpt2_from_hf)(hf_model, dropout)
+
+
+def weight_files(folder):
+    """A transformers folder's weight files, in transformers' order of preference: one, or an index's shards."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        index = os.path.join(folder, name + ".index.json")
+        if not os.path.isfile(index) and os.path.isfile(os.path.join(folder, name)):
+            return [os.path.join(folder, name)]
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{index} is not a weight index ({type(e).__name__}: {e}): save the model again")
+        for shard in shards or [None]:  # plain names of files beside it, so that nothing else is read
+            if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
+                raise UserError(f"{index} names {shard!r}, not a file of its folder: save the model again")
+        return [os.path.join(folder, shard) for shard in shards]
+    raise UserError(f"{folder} holds no weights (model.safetensors or pytorch_model.bin)")
+
+
+def read_weights(folder):
+    """A transformers folder's tensors, read with safetensors or safe_load (weights_only: no pickle's code runs);
+    a file damaged, missing, holding more than tensors or NaN/inf is one UserError naming it."""
+    from safetensors.torch import load_file  # here: it comes with transformers, which only folders need
+    state_dict = {}
+    for path in weight_files(folder):
+        try:
+            if path.endswith(".safetensors"):
+                part = load_file(path)
+            else:
+                with open(path, "rb") as f:
+                    torch_format = zipfile.is_zipfile(path) or f.read(len(LEGACY_START)) == LEGACY_START
+                part = safe_load(path) if torch_format else None  # safe_load words its own refusals
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 - what safetensors raises on a damaged file is the file's fault
+            raise UserError(f"{path} could not be read (missing, truncated or corrupted): "
+                            f"{' '.join(str(e).split())[:200]}")
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise UserError(f"{path} is not a file of named tensors (torch.save's or safetensors): it is damaged, "
+                            f"or not weights")
+        bad = first_non_finite(part)
+        if bad:
+            raise UserError(f"{path}: tensor {bad} holds NaN or inf: the weights are damaged, or diverged")
+        state_dict.update(part)
+    return state_dict
 
 
 # --- the rest of an exported folder: the model card, the check that it loads as ours (the tokenizer: tokenizer.py)

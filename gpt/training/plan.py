@@ -272,15 +272,24 @@ def config_line(run, config):
 
 def started(src, tokens_per_iter):
     """(step, tokens trained on) where the run starts: 0 for a new one; a checkpoint's count, or for one that
-    does not record it (older ones, nanoGPT's), its steps at the rate its run recorded (else this run's)."""
+    does not record it (older ones, nanoGPT's), its steps at the rate its run recorded: its plan's, else its
+    config's batch (nanoGPT's gradient_accumulation_steps there counts every process's micro-steps, as
+    ours does), else this run's, said in a note."""
     if src.kind != 'resume':
         return 0, 0
     ckpt = src.checkpoint or {}
     iter_num = int(ckpt.get('iter_num') or 0)
     if ckpt.get('tokens') is not None:
         return iter_num, int(ckpt['tokens'])
-    rate = (ckpt.get('plan') or {}).get('tokens_per_iter') or tokens_per_iter
-    return iter_num, iter_num * rate
+    rate = (ckpt.get('plan') or {}).get('tokens_per_iter')
+    if not (type(rate) is int and rate > 0):
+        batch = [src.run_config.get(k) for k in ('gradient_accumulation_steps', 'batch_size', 'block_size')]
+        rate = batch[0] * batch[1] * batch[2] if all(type(v) is int and v > 0 for v in batch) else None
+    if rate is None and iter_num and os.environ.get('RANK', '0') == '0':
+        print(f"note: {src.name} records neither its tokens nor its batch (gradient_accumulation_steps, batch_size, "
+              f"block_size in its config): its {iter_num} steps are counted at this run's {tokens_per_iter:,} "
+              f"tokens each")
+    return iter_num, iter_num * (rate or tokens_per_iter)
 
 
 def optimizer_settings(config, given, parallelism):
