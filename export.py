@@ -80,9 +80,7 @@ def main(argv):
     generation = hf_model.generation_config
     generation.bos_token_id, generation.eos_token_id = hf_config.bos_token_id, hf_config.eos_token_id
     generation.pad_token_id = hf_config.pad_token_id
-    # a call that gives no length stops at the context: without this, the pipeline's 256 new tokens run a GPT-2
-    # past its position table (IndexError) and a Llama past its trained positions, and a prompt that fills the
-    # context is transformers' one-line ValueError. (transformers 5 notes it on calls that give max_new_tokens.)
+    # a call that gives no length stops at the context, not past it (docs/export.md: Context length)
     generation.max_length = model.config.block_size
     if tokenizer.vocab_size < hf_config.vocab_size:
         # the padding ids were never data: transformers' generate must not pick them (sample.py never does)

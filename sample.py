@@ -98,14 +98,13 @@ bar = tqdm(total=num_samples * max_new_tokens, unit='tok', leave=False,
            disable=None if num_samples * max_new_tokens >= 1000 else True)
 
 # run generation
-with torch.no_grad():
-    with ctx:
-        for k in range(num_samples):
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                               top_p=top_p if top_p < 1 else None, eot=eot,
-                               vocab_limit=tokenizer.vocab_size, progress=bar.update, compile_step=compile_step)
-            ids = generation.until_eot(y[0].tolist(), eot, len(start_ids))  # up to the end of the text
-            bar.update((k + 1) * max_new_tokens - bar.n)  # a sample that stopped early counts as done
-            tqdm.write(tokenizer.decode(ids))  # print, but clear of the bar
-            tqdm.write('---------------')
+with torch.no_grad(), ctx:
+    for k in range(num_samples):
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                           top_p=top_p if top_p < 1 else None, eot=eot,
+                           vocab_limit=tokenizer.vocab_size, progress=bar.update, compile_step=compile_step)
+        ids = generation.until_eot(y[0].tolist(), eot, len(start_ids))  # up to the end of the text
+        bar.update((k + 1) * max_new_tokens - bar.n)  # a sample that stopped early counts as done
+        tqdm.write(tokenizer.decode(ids))  # print, but clear of the bar
+        tqdm.write('---------------')
 bar.close()

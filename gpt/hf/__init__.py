@@ -27,11 +27,9 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 
 # --- the field table: every GPTConfig field, and the transformers config field that carries it
 
-# GPTConfig's architecture field: (GPT2Config field, LlamaConfig field). Export writes each, import reads each
-# back; None where that family's transformers config has no such field (then the row's comment says what happens).
-# Which fields are architecture is said on GPTConfig (model.py): an architecture field not in this table is one
-# transformers' GPT-2 and Llama do not compute, so export refuses it unless it has its default (refused_fields);
-# initialisation and runtime fields (dropout, zero_init_proj, fused_loss, ...) describe a run and are never exported.
+# GPTConfig's architecture field: (GPT2Config field, LlamaConfig field), None where that family has none (the
+# row's comment says what happens); any other architecture field is refused unless at its default (refused_fields;
+# docs/export.md#every-setting-carried-or-refused)
 FIELDS = {
     "family": ("model_type", "model_type"),  # 'gpt2' -> GPT2LMHeadModel, 'llama' -> LlamaForCausalLM
     "block_size": ("n_positions", "max_position_embeddings"),
@@ -61,9 +59,7 @@ FIXED = {
               "mlp_bias": ("= attention_bias",)},  # checked in _check_llama
 }
 LLAMA_CHECKED = ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias")  # by _check_llama
-# transformers fields that do not change the logits: dropout, initialisation, caching, token ids, the
-# GPT2DoubleHeadsModel's summary head; GPT-2's reorder_and_upcast_attn (only the precision of eager attention
-# under autocast) and Llama's pretraining_tp (transformers < 4.4x split its matmuls in slices: same sums)
+# transformers fields that do not change the logits (why each: docs/export.md#every-setting-carried-or-refused)
 IGNORED = {
     "gpt2": ("resid_pdrop", "embd_pdrop", "attn_pdrop", "initializer_range", "use_cache", "bos_token_id",
              "eos_token_id", "pad_token_id", "summary_type", "summary_use_proj", "summary_activation",
@@ -150,8 +146,7 @@ def _key_map(cfg):
 
 def llama_to_hf(model):
     """(transformers.LlamaConfig, state dict for LlamaForCausalLM) of a llama-family GPT. The tensors are
-    views of the model's own (no copies); with tied embeddings lm_head.weight is embed_tokens.weight.
-    rope_theta is written where transformers 4 reads it (rope_theta) and where 5 does (rope_parameters)."""
+    views of the model's own (no copies); with tied embeddings lm_head.weight is embed_tokens.weight."""
     from transformers import LlamaConfig
     cfg = model.config
     if cfg.family != "llama":
@@ -162,10 +157,8 @@ def llama_to_hf(model):
     config.rope_theta = cfg.rope_theta  # transformers 5 keeps it in rope_parameters only; 4.x reads this one
     config.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}  # and 4.x keeps only that
     ours = model.state_dict()
-    state_dict = {}
-    for key, parts in _key_map(cfg):
-        for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts])):
-            state_dict[name] = tensor
+    state_dict = {name: tensor for key, parts in _key_map(cfg)
+                  for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts]))}
     return config, state_dict
 
 
@@ -193,9 +186,8 @@ def to_hf(model):
 # --- import: transformers weights -> model_args and a state dict
 
 def _check_llama(c, problems):
-    """The rotary base of a LlamaConfig (transformers 5 keeps it in rope_parameters, 4 in rope_theta), after
-    adding to `problems` what this model does not compute: rope scaling, partial rotation, other head widths,
-    biases in part."""
+    """The rotary base of a LlamaConfig (5 keeps it in rope_parameters, 4 in rope_theta), after adding to
+    `problems` what this model does not compute: rope scaling, partial rotation, other head widths, some biases."""
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     if head_dim * c.num_attention_heads != c.hidden_size:
         problems.append(("head_dim", head_dim, f"this model's heads are hidden_size / num_attention_heads = "
@@ -223,9 +215,7 @@ def args_from_hf_config(c, dropout=0.0):
     """model_args (for GPTConfig) of a transformers GPT2Config or LlamaConfig, every field that changes the
     math carried (FIELDS) or refused: one UserError naming every refused field. GPT-2's bias is left to the
     weights."""
-    family = c.model_type
-    if family not in ("gpt2", "llama"):
-        raise UserError(f"a transformers '{family}' model: only gpt2 and llama load")
+    family = c.model_type  # gpt2 or llama: check_folder refuses any other before AutoConfig reads the folder
     problems = []
     _check_unknown(c, family, problems)
     for field, allowed in FIXED[family].items():
@@ -260,8 +250,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
     biases = [k for k in state_dict if k.endswith(".bias")]
     args["bias"] = not all(torch.count_nonzero(state_dict[k]) == 0 for k in biases)
     if not args["bias"]:
-        for k in biases:
-            del state_dict[k]
+        state_dict = {k: v for k, v in state_dict.items() if k not in biases}
     return args, state_dict
 
 

@@ -63,10 +63,8 @@ def _listing(names, most=5):
 
 
 def check(export_dir, force=False, keep=()):
-    """Raise one UserError line if export_dir cannot take an export: a file or a link where the folder
-    goes, a parent that cannot be created or written, a folder holding anything but an earlier export
-    (unless force: then it is replaced, but never one holding folders, nor one of the `keep` paths - the
-    checkpoint being exported, the working directory). Reads only; call before anything is written."""
+    """One UserError line if export_dir cannot take an export (docs/export.md#where-it-goes-never-over-your-files);
+    `keep`: paths that even force never replaces (the checkpoint being exported, the working directory)."""
     path = os.path.abspath(export_dir)
     if os.path.islink(export_dir):
         raise UserError(f"export_dir {export_dir} is a symbolic link: give the folder it points to, "
@@ -138,11 +136,9 @@ WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 @contextmanager
 def writing(export_dir):
-    """`with writing(export_dir) as folder:` write the export into `folder`, a new one beside export_dir
-    (its missing parents made; files.new_folder: nothing in it is a link); when the block ends without an
-    error, every file gets open()'s mode, MARKER is added and the folder
-    replaces export_dir. On an error it is removed, with the parents made for it, and export_dir is left
-    as it was; a failure to write is one UserError line."""
+    """`with writing(export_dir) as folder:` write the export into `folder`, a new_folder beside export_dir (its
+    missing parents made), which replaces export_dir, MARKER added, when the block ends without an error. On an
+    error it is removed, with the parents made for it; a failure to write is one UserError line."""
     path = os.path.abspath(export_dir)
     parent = os.path.dirname(path)
     made, folder = [], None

@@ -88,16 +88,13 @@ def drop_unknown_characters(itos):
     return normalizers.Replace(Regex(f"[^{known}]"), "")
 
 
-# what the tokenizer returns, and so what model(**tokenizer(text)) and generate(**enc) pass on. Without it,
-# transformers 4.x's PreTrainedTokenizerFast also returns token_type_ids (zeros), which GPT-2 adds as wte(0)
-# at every position (wrong logits) and Llama refuses (generate crashes)
+# what the tokenizer returns: not 4.x's token_type_ids too, which GPT-2 adds as wte(0) (docs/export.md, Inputs)
 MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 
 def save_tokenizer(hf_tok, folder):
-    """save_pretrained, in a form transformers 4 and 5 both load: tokenizer_config.json names a class both
-    know (5 writes 'TokenizersBackend', which 4.x does not) and the inputs the model takes
-    (MODEL_INPUT_NAMES), and a BPE's merges are written as tokenizers < 0.20 reads them (legacy_merges)."""
+    """save_pretrained, in a form transformers 4 and 5 both load (docs/export.md#two-transformers-versions): a
+    class both know, the inputs the model takes (MODEL_INPUT_NAMES), a BPE's merges as 4.x reads them."""
     hf_tok.save_pretrained(folder)
     _rewrite_json(os.path.join(folder, "tokenizer_config.json"),
                   lambda config: config.update(tokenizer_class="PreTrainedTokenizerFast",
@@ -106,10 +103,8 @@ def save_tokenizer(hf_tok, folder):
 
 
 def legacy_merges(tokenizer_json):
-    """A BPE's merges as "left right" strings, the form every tokenizers version reads, instead of the
-    [left, right] pairs tokenizers >= 0.20 writes, which the tokenizers 0.19 that transformers 4.41 requires
-    cannot read. Byte-level BPE tokens (GPT-2's) never hold a space; a vocabulary whose tokens do keeps
-    pairs, the only form that can say where such a merge splits."""
+    """A BPE's merges as "left right" strings, which every tokenizers version reads (0.19 reads no pairs). A
+    vocabulary whose tokens hold a space (never byte-level BPE's) keeps pairs: only they say where it splits."""
     model = tokenizer_json.get("model", {})
     merges = model.get("merges") or []
     if model.get("type") == "BPE" and all(isinstance(m, list) and " " not in "".join(m) for m in merges):

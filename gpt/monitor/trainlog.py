@@ -112,11 +112,10 @@ class TrainLog:
 
     def end(self, step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped=False,
             best_val_loss=None, checkpoint=None, best=None, next_command=None):
-        """The run is over (done, or stopped to be resumed): print its totals, which checkpoint holds what, and
-        what to do next (a stopped run's line says it itself), and write them in an "end" row, the dashboard's
-        sign that the run is no longer live. tokens: the run's total, every launch's included; start_tokens: the
-        total when this launch started; checkpoint, best: (path, step) of the last checkpoint and of the one
-        holding the best val loss's weights, where known."""
+        """The run is over (done, or stopped to be resumed): print its totals, checkpoints and next command, and
+        write them in an "end" row, the dashboard's sign that the run is no longer live. tokens: the total over every
+        launch (start_tokens: when this one started); checkpoint, best: (path, step) of the last checkpoint and of
+        the one holding the best val loss's weights, where known."""
         if not self.enabled:
             return
         launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "

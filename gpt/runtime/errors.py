@@ -1,14 +1,8 @@
 """
-User errors: a mistake a user can fix is raised as UserError and printed as one line, `error: ...`, with exit
-status 2 - no traceback; Ctrl-C is `interrupted (Ctrl-C)` and status 130; a closed stdout pipe (`... | head`)
-ends quietly with 141, as SIGPIPE would (`set -o pipefail` still sees the output was cut); anything else is a
-bug and keeps its traceback. Under torchrun rank 0 alone prints, and a failed worker writes the line into its
-torchrun error file. What users see: docs/configuration.md, docs/scaling.md.
-
-on_failure(callback) registers what a script must put back if it stops on any of these (rundir.py's
-Claim.undo). The hook calls it, not atexit: atexit runs at every exit, a successful one too, while the hook
-runs exactly when an exception ends the script (not at sys.exit, nor when the process is killed: then what
-was set aside stays aside, named by the note that moved it).
+How a script ends on an exception (what users see: docs/configuration.md, docs/scaling.md): a mistake a user can
+fix is raised as UserError and printed as one line, `error: ...`, status 2, no traceback; Ctrl-C is
+`interrupted (Ctrl-C)` (130); a closed stdout pipe ends quietly with 141, as SIGPIPE would (`set -o pipefail`
+still sees the output was cut); anything else is a bug and keeps its traceback.
 """
 import json
 import os
@@ -34,8 +28,11 @@ class UserError(Exception):
 
 
 def on_failure(callback):
-    """Call `callback()` if the script ends on an uncaught exception, before its message is printed (so the
-    message stays the last line). The callback says itself when it has nothing left to do (Claim.settle)."""
+    """Call `callback()` (what to put back: rundir.py's Claim.undo) if the script ends on an uncaught exception,
+    before its message is printed, so that it stays the last line. Not atexit, which runs at every exit: the hook
+    runs exactly when an exception ends the script (not at sys.exit, nor when the process is killed: then what was
+    set aside stays aside, named by the note that moved it). The callback says itself when it has nothing left to
+    do (Claim.settle)."""
     _failure_callbacks.append(callback)
 
 
@@ -93,10 +90,8 @@ def _local_rank():
 
 
 def _wait_for_local_rank_zero():
-    """A bad setting fails every worker alike. Local rank 0 exits at once with the error; the others wait a
-    moment, and torchrun's stop (SIGTERM) then ends them with status 0, as workers whose failure has been
-    reported: its summary names one worker per node, not all (torchrun itself still exits 1). A worker that
-    fails alone exits 2 after the wait, with its line in torchrun's summary."""
+    """A bad setting fails every worker alike: local rank 0 exits at once, the others wait for torchrun's stop
+    (SIGTERM) and exit 0, so its summary names one worker per node (docs/scaling.md)."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     time.sleep(OTHER_RANKS_WAIT_S)
 

@@ -1,20 +1,17 @@
 """
 The one rule for every file the project writes (docs/checkpoints.md#links): write to a new temporary file in
-the same folder, fsync, then rename over `path`. A crash, a kill -9 or a full disk mid-write leaves the old
-file (or none), never a valid-looking half file. Never through a link: mkstemp makes the temporary file new
-(O_EXCL), its mode is set through its descriptor, and the rename replaces whatever is at `path` (a symbolic
-link, one name of a hard-linked file) without touching the file that link pointed to.
+the same folder, fsync, then rename over `path`, so that a crash leaves the old file, never a half one. Never
+through a link: mkstemp makes the file new (O_EXCL), and the rename replaces a link without touching its target.
 
     atomic_write(path)      a file object (torch.save, json.dump, savefig(f, format=...))
     atomic_path(path)       a temporary name, for writers that need one (np.memmap)
     new_folder(path)        a new folder beside `path`, for writers of whole folders (save_pretrained)
 
-An appended file (log.jsonl) cannot be replaced at every row: it is opened with O_NOFOLLOW instead
-(gpt/monitor/trainlog.py). tests/test_file_safety.py scans the shipped code for writers that do neither.
+The appended log.jsonl is opened with O_NOFOLLOW instead (gpt/monitor/trainlog.py).
 """
 import os
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 @contextmanager
@@ -53,14 +50,12 @@ def _temporary(path, before_replace):
         if os.path.lexists(tmp):
             os.remove(tmp)
         raise
-    try:  # make the rename itself durable
+    with suppress(OSError):  # the rename made durable, where the file system can fsync a folder
         dfd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    except OSError:
-        pass  # some file systems cannot fsync a folder; the rename is still atomic
 
 
 def file_mode(folder=False):
