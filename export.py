@@ -65,8 +65,7 @@ def main(argv):
     stages.set_description("converting")
     hf_config, state_dict = to_hf(model)  # what transformers cannot express is refused here, before writing
     hf_tok = hf_tokenizer(tokenizer, model.config.block_size, model.config.vocab_size)
-    # GPT-2's <|endoftext|> begins and ends documents, and pads batches; a character vocabulary gets one
-    # where the model has a spare id (gpt/hf/tokenizer.py's hf_tokenizer)
+    # a character vocabulary gets an end-of-text token only where the model has a spare id (docs/export.md)
     if hf_tok.pad_token is None:
         tqdm.write(f"note: every one of the model's {model.config.vocab_size} ids is a character, so the export "
                    f"has no end-of-text or pad token and generates one prompt at a time (docs/export.md)")

@@ -1,12 +1,10 @@
 """
-The bridge to Hugging Face transformers, both directions (docs/export.md): the GPT-2 family is
-GPT2LMHeadModel (our Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM
-(ours stack by rows what Llama keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary
-embedding uses transformers' rotate_half layout, so no weight is permuted).
-
-Import works on model_args dicts and state dicts, not on model objects, so model.py can call it without this
-module importing model.py back. transformers is imported inside the functions that use it: it is slow to
-import, and check_folder and refused_fields need none of it.
+The bridge to Hugging Face transformers, both directions (docs/export.md): the GPT-2 family is GPT2LMHeadModel
+(our Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM (ours stack by rows
+what Llama keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary embedding uses transformers'
+rotate_half layout, so no weight is permuted). Import works on model_args dicts and state dicts, so that model.py
+can call it without this module importing model.py back; transformers is imported inside the functions that use
+it: it is slow to import, and check_folder and refused_fields need none of it.
 """
 import dataclasses
 import json
@@ -163,9 +161,8 @@ def llama_to_hf(model):
 
 
 def refused_fields(cfg):
-    """{name: value} of the config's architecture fields that FIELDS does not carry and that differ from
-    their defaults: what transformers' GPT-2 and Llama do not compute (the speedrun's qk_norm, mlp_act,
-    logit_softcap, and any architecture field GPTConfig gains)."""
+    """{name: value} of the config's architecture fields that FIELDS does not carry and that differ from their
+    defaults: what transformers' GPT-2 and Llama do not compute (qk_norm, any field GPTConfig gains, ...)."""
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}  # the config's class says (model.py)
     return {name: getattr(cfg, name) for name in type(cfg).architecture_fields()
             if name not in FIELDS and getattr(cfg, name) != defaults[name]}
@@ -212,9 +209,8 @@ def _check_llama(c, problems):
 
 
 def args_from_hf_config(c, dropout=0.0):
-    """model_args (for GPTConfig) of a transformers GPT2Config or LlamaConfig, every field that changes the
-    math carried (FIELDS) or refused: one UserError naming every refused field. GPT-2's bias is left to the
-    weights."""
+    """model_args (for GPTConfig) of a GPT2Config or LlamaConfig, every field that changes the math carried
+    (FIELDS) or refused, in one UserError naming each. GPT-2's bias is left to the weights."""
     family = c.model_type  # gpt2 or llama: check_folder refuses any other before AutoConfig reads the folder
     problems = []
     _check_unknown(c, family, problems)
@@ -397,9 +393,8 @@ def tokens_seen(ckpt):
 
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
-    cfg = ckpt.get('config', {})
     family = hf_config.model_type
-    dataset, tokens = cfg.get('dataset'), tokens_seen(ckpt)
+    dataset, tokens = ckpt.get('config', {}).get('dataset'), tokens_seen(ckpt)
     yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
             f'- "{family}"', '- "text-generation"']
     if dataset:

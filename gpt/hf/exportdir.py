@@ -21,6 +21,7 @@ from gpt.runtime.files import atomic_write, give_files_their_mode, nearest_exist
 MARKER = "nanogpt_export.json"
 HASHED_UP_TO = 64 << 20  # bytes: larger files (the weights) are recognised by their size, not read again
 SLACK = 16 << 20  # bytes the space check adds to the weights': tokenizer, configs, model card
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 
 
 def _fingerprint(path):
@@ -98,8 +99,7 @@ def check(export_dir, force=False, keep=()):
 
 
 def check_space(export_dir, nbytes):
-    """One UserError line if the disk export_dir goes on has no room for nbytes of weights (and the rest):
-    the old folder stays until the new one is complete, so both must fit."""
+    """One UserError line if export_dir's disk has no room for nbytes of weights and the rest, old folder included."""
     disk = nearest_existing(os.path.dirname(os.path.abspath(export_dir)))
     free, need = shutil.disk_usage(disk).free, nbytes + SLACK
     if free < need:
@@ -131,9 +131,6 @@ def _swap(new, path):
     shutil.rmtree(old, ignore_errors=True)
 
 
-WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
-
-
 @contextmanager
 def writing(export_dir):
     """`with writing(export_dir) as folder:` write the export into `folder`, a new_folder beside export_dir (its
@@ -143,8 +140,7 @@ def writing(export_dir):
     parent = os.path.dirname(path)
     made, folder = [], None
     try:
-        ancestor = nearest_existing(parent)
-        while parent != ancestor:  # each missing parent, outermost first
+        while not os.path.lexists(parent):  # each missing parent, outermost first
             made.insert(0, parent)
             parent = os.path.dirname(parent)
         for d in made:

@@ -11,6 +11,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from gpt.data.tokenizer import GPT2_EOT, gpt2_encoding
 from gpt.runtime.files import atomic_write
 
+EOS = "<|endoftext|>"  # the end-of-text token a character vocabulary gets, where the model has a spare id
+# what the tokenizer returns: not 4.x's token_type_ids too, which GPT-2 adds as wte(0) (docs/export.md, Inputs)
+MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 def gpt2_bpe_vocab_merges():
     """GPT-2's vocab and merges in transformers' byte-level form, rebuilt from tiktoken's ranks (so the local
@@ -41,13 +44,9 @@ def gpt2_bpe_vocab_merges():
     return vocab, merges
 
 
-EOS = "<|endoftext|>"  # the end-of-text token a character vocabulary gets, where the model has a spare id
-
-
 def hf_tokenizer(tokenizer, block_size, vocab_size):
-    """A transformers tokenizer that encodes and decodes as ours (tokenizer.Tokenizer) does, with an eos that
-    is also the pad token (docs/export.md#using-the-folder-at-once). A character vocabulary gets <|endoftext|>
-    only where the model's vocab_size has a spare id: an id the model lacks would crash it."""
+    """A transformers tokenizer that encodes and decodes as ours does, with an eos that is also the pad token
+    (docs/export.md#using-the-folder-at-once): a character vocabulary's only where the model has a spare id."""
     from transformers import PreTrainedTokenizerFast
     special, eos = {}, None
     if tokenizer.name == 'gpt2':
@@ -86,10 +85,6 @@ def drop_unknown_characters(itos):
     (<|endoftext|>) are matched before normalizing."""
     known = "".join(f"\\x{{{ord(ch):x}}}" for ch in itos)  # code points: no character is special in the class
     return normalizers.Replace(Regex(f"[^{known}]"), "")
-
-
-# what the tokenizer returns: not 4.x's token_type_ids too, which GPT-2 adds as wte(0) (docs/export.md, Inputs)
-MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 
 def save_tokenizer(hf_tok, folder):

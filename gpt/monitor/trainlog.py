@@ -1,10 +1,8 @@
 """
-The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its
-rows and how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also
-goes to Weights & Biases (docs/monitoring.md).
-
-The log is never written through a link (docs/checkpoints.md#links): gpt/checkpoint/rundir.py refuses one
-before the run starts, and O_NOFOLLOW here also catches one made since.
+The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its rows
+and how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also goes to
+Weights & Biases (docs/monitoring.md). Never written through a link (docs/checkpoints.md#links): rundir.py
+refuses one before the run starts, and O_NOFOLLOW here also catches one made since.
 """
 import json
 import math
@@ -13,6 +11,7 @@ import os
 import shutil
 import stat
 import time
+from contextlib import suppress
 from urllib.parse import urlsplit
 
 from gpt.runtime.errors import UserError
@@ -20,6 +19,13 @@ from gpt.runtime.files import atomic_write
 
 LOG_NAME = "log.jsonl"
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)
+# wandb's names for the log's values where they differ, so that per-step and evaluation numbers never share
+# a chart (the step's loss is train/loss, the evaluation's estimate eval/train_loss); others keep their name
+WANDB_NAMES = {
+    "train": {"loss": "train/loss"},
+    "eval": {"train_loss": "eval/train_loss", "val_loss": "val/loss", "perplexity": "val/perplexity",
+             "hellaswag": "hellaswag/acc_norm", "hellaswag_acc": "hellaswag/acc"},
+}
 
 
 class TrainLog:
@@ -59,9 +65,8 @@ class TrainLog:
                   f"copy of its own and leaves the others as they were")
 
     def resume_at(self, position):
-        """Cut the log back to where it stood when the checkpoint we resume from was saved, and say which
-        training steps logged after it run again (a clean stop leaves only its "end" row there, dropped
-        quietly; a launch that died before its first checkpoint, its plan)."""
+        """Cut the log back to where it stood when the checkpoint we resume from was saved, and say which training
+        steps logged after it run again (a clean stop's "end" row, or a plan alone, is dropped quietly)."""
         if not self.enabled or not os.path.lexists(self.path):
             return
         try:
@@ -146,15 +151,6 @@ def duration(seconds):
     return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
-# wandb's names for the log's values where they differ, so that per-step and evaluation numbers never share
-# a chart (the step's loss is train/loss, the evaluation's estimate eval/train_loss); others keep their name
-WANDB_NAMES = {
-    "train": {"loss": "train/loss"},
-    "eval": {"train_loss": "eval/train_loss", "val_loss": "val/loss", "perplexity": "val/perplexity",
-             "hellaswag": "hellaswag/acc_norm", "hellaswag_acc": "hellaswag/acc"},
-}
-
-
 def wandb_metrics(row):
     """A log row as a wandb.log dict: step, tokens, time and its values under stable names (nulls left out)."""
     kind = row["kind"]
@@ -212,9 +208,8 @@ def start_wandb(project, name, config, run_id=None):
 
 
 def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, tokens, percent):
-    """The line a training step prints (build-nanogpt's, with more): loss, learning rate, gradient norm (the
-    run's health signal: spikes come before loss spikes), time, throughput, MFU and memory where known, and
-    how far the run is."""
+    """The line a training step prints (build-nanogpt's, with more; each value: docs/monitoring.md): MFU and memory
+    where known."""
     extra = (f", mfu {mfu * 100:.2f}%" if mfu is not None and mfu >= 0 else "") + (
         f", mem {mem_gib:.1f}GiB" if mem_gib else "")
     return (f"iter {step}: loss {loss:.4f}, lr {lr:.3e}, norm {grad_norm:.4f}, time {dt * 1000:.2f}ms, "
@@ -251,10 +246,8 @@ def parse_rows(lines):
     written by a run that goes on."""
     rows = []
     for line in lines:
-        try:
+        with suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
     return rows
 
 

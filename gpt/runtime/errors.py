@@ -10,6 +10,7 @@ import select
 import signal
 import sys
 import time
+from contextlib import suppress
 
 from gpt.runtime.files import atomic_write
 
@@ -18,8 +19,7 @@ from gpt.runtime.files import atomic_write
 _failure_callbacks = []  # the process's, as atexit's are: added by on_failure, called once by the hook
 # what torchrun sets in each process it starts (gpt/runtime/distributed.py's launch checks them)
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# long enough for torchrun to notice local rank 0's exit (it looks every 0.1 s by default); a worker that fails
-# alone still exits 2 after it, and torchrun reports it
+# long enough for torchrun to notice local rank 0's exit (it looks every 0.1 s by default)
 OTHER_RANKS_WAIT_S = 5
 
 
@@ -29,10 +29,8 @@ class UserError(Exception):
 
 def on_failure(callback):
     """Call `callback()` (what to put back: rundir.py's Claim.undo) if the script ends on an uncaught exception,
-    before its message is printed, so that it stays the last line. Not atexit, which runs at every exit: the hook
-    runs exactly when an exception ends the script (not at sys.exit, nor when the process is killed: then what was
-    set aside stays aside, named by the note that moved it). The callback says itself when it has nothing left to
-    do (Claim.settle)."""
+    before its message is printed (so it stays the last line). Not atexit, which runs at every exit; a kill runs
+    neither, and what was set aside stays aside, named by the note that moved it."""
     _failure_callbacks.append(callback)
 
 
@@ -68,13 +66,10 @@ def _torchrun_report(line):
     True on rank 0 (and outside torchrun): the process that prints it."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        try:
-            with atomic_write(error_file, "w") as f:
-                # the layout torchrun's own @record writes, which its summary shows as the "traceback"
-                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                      "timestamp": str(int(time.time()))}}}, f)
-        except OSError:
-            pass  # the summary then says less; the line is still printed by rank 0
+        with suppress(OSError), atomic_write(error_file, "w") as f:  # else the summary says less
+            # the layout torchrun's own @record writes, which its summary shows as the "traceback"
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                  "timestamp": str(int(time.time()))}}}, f)
     return not _other_rank()
 
 
