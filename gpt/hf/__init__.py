@@ -246,7 +246,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
     biases = [k for k in state_dict if k.endswith(".bias")]
     args["bias"] = not all(torch.count_nonzero(state_dict[k]) == 0 for k in biases)
     if not args["bias"]:
-        state_dict = {k: v for k, v in state_dict.items() if k not in biases}
+        state_dict = {k: v for k, v in state_dict.items() if not k.endswith(".bias")}
     return args, state_dict
 
 

@@ -208,8 +208,7 @@ def start_wandb(project, name, config, run_id=None):
 
 
 def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, tokens, percent):
-    """The line a training step prints (build-nanogpt's, with more; each value: docs/monitoring.md): MFU and memory
-    where known."""
+    """The line a training step prints (build-nanogpt's, with more: docs/monitoring.md); MFU and memory where known."""
     extra = (f", mfu {mfu * 100:.2f}%" if mfu is not None and mfu >= 0 else "") + (
         f", mem {mem_gib:.1f}GiB" if mem_gib else "")
     return (f"iter {step}: loss {loss:.4f}, lr {lr:.3e}, norm {grad_norm:.4f}, time {dt * 1000:.2f}ms, "
