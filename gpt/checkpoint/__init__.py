@@ -5,7 +5,6 @@ from checkpoints. Sharded (fsdp) checkpoints: sharded.py; the run's folder and i
 """
 import math
 import os
-import pickle
 import random
 import re
 import shutil
@@ -23,6 +22,7 @@ from gpt.data import dataset_dir, read_meta
 from gpt.optim import load_state
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
+from gpt.runtime.untrusted import first_non_finite, safe_load
 from model import GPT, GPTConfig
 
 # how far above the best val loss so far (in nats) a loss that is also above the untrained model's counts as
@@ -32,8 +32,6 @@ DIVERGENCE_MARGIN = 1.0
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")
 # where a run whose ckpt.pt holds the best val loss's weights keeps them when a later step's save replaces it
 BEST_NAME = "ckpt-best.pt"
-# how torch.save's legacy (pre-zip) files begin: pickle protocol 2, then torch's magic number as a long
-LEGACY_START = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 
 def distributed():
@@ -249,7 +247,7 @@ class Saver:
         """Rank 0's part of an unsharded save; returns whether it was written."""
         path = os.path.join(self.out_dir, name or "ckpt.pt")
         model_sd = model.state_dict()
-        bad = next((k for k, v in model_sd.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        bad = first_non_finite(model_sd)
         if bad is not None:
             print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({self.last_good()})")
             return False
@@ -352,37 +350,6 @@ def way_back(path):
             return f"go back to the newest intact copy kept beside it: cp {copy} {path}"
     return ("no intact copy is kept beside it (keep_checkpoints=N keeps the last N as ckpt-<iter>.pt): "
             "restore it from a backup, or train again")
-
-
-def safe_load(path):
-    """torch.load(weights_only=True) onto the CPU, its failures one line each; torch's advice for a refused
-    pickle (weights_only=False, which would run the file's code) is never passed on."""
-    try:
-        with open(path, "rb") as f:
-            start = f.read(len(LEGACY_START))
-    except OSError as e:
-        raise UserError(f"{path} could not be read ({e.strerror or e})")
-    if not zipfile.is_zipfile(path) and start != LEGACY_START and start:
-        # torch.load would read any other file as a legacy pickle and fail with whatever that decoding hit
-        raise UserError(f"{path} is not a PyTorch checkpoint (neither torch.save's zip format nor its legacy "
-                        f"one): point out_dir or the path at the ckpt.pt a run wrote")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - whatever a damaged file makes the unpickler raise is the file's fault
-        text = str(e)
-        refused = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(e, pickle.UnpicklingError) else None
-        if refused:
-            raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
-                            f"loading that could run code (checkpoints may hold only tensors and plain data); "
-                            f"if you trust the file, re-save it without that entry")
-        if "weights_only" in text or "WeightsUnpickler" in text:  # refused for another reason than a class
-            detail = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", text)  # e.g. Unsupported operand 105
-            raise UserError(f"{path} is unsafe, not loaded: it holds more than tensors and plain data"
-                            + (f" ({detail.group(1).strip()[:200]})" if detail else "")
-                            + ", and loading that could run code; if you trust the file, re-save it with only "
-                              "tensors and plain data")
-        reason = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
 
 
 def clean_state_dict(state_dict):
@@ -503,11 +470,6 @@ def check_entries(ckpt, path):
                 and not (want is float and type(value) is int):
             raise UserError(f"{path}: model_args[{key!r}] is {type(value).__name__} {value!r:.40}, not a "
                             f"{want.__name__}: the checkpoint is damaged or was edited")
-
-
-def first_non_finite(state_dict):
-    """The name of a state dict's first floating-point tensor that holds NaN or inf, or None."""
-    return next((k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
 
 
 # --- resuming

@@ -16,8 +16,8 @@ import zipfile
 import torch
 from tqdm import tqdm
 
-from gpt.checkpoint import LEGACY_START, first_non_finite, safe_load
 from gpt.runtime.errors import UserError
+from gpt.runtime.untrusted import LEGACY_START, first_non_finite, safe_load
 
 # GPT-2 stores these as Conv1D weights, the transpose of a Linear's
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
