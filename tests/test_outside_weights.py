@@ -265,9 +265,17 @@ HF_DAMAGE = ["truncated", "garbage", "bin truncated", "bin garbage", "bin pickle
              "bin plain pickle", "nan", "missing tensor", "missing file"]
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py"])
-@pytest.mark.parametrize("kind", HF_DAMAGE)
-def test_a_damaged_or_hostile_transformers_folder_is_one_line(script, kind, char_data, tmp_path):
+# each kind of damage through one of the scripts (both read a folder through the same reader, which the next
+# test tries with every kind): the script's end, one line and no traceback, is what this one adds
+HF_CASES = [(kind, ("train.py", "sample.py")[i % 2]) for i, kind in enumerate(HF_DAMAGE)]
+HF_WORDS = {"nan": "tensor transformer.h.0.attn.c_proj.weight holds NaN or inf",
+            "missing tensor": "transformer.h.0.mlp.c_fc.weight", "missing file": "holds no weights",
+            "pickle": "class io.open", "legacy pickle": "class io.open"}
+
+
+def damaged_hf_folder(tmp_path, kind):
+    """(folder, the file named in the refusal, the damage without its 'bin ' prefix, the marker a pickle's code
+    would make)."""
     folder, marker = hf_folder(tmp_path / "hf"), tmp_path / "code-ran"
     path = os.path.join(folder, "model.safetensors")
     if kind.startswith("bin"):
@@ -284,15 +292,28 @@ def test_a_damaged_or_hostile_transformers_folder_is_one_line(script, kind, char
         os.remove(path)
     else:
         damage(path, kind, marker)
+    return folder, path if kind not in ("missing tensor", "missing file") else folder, kind, marker
+
+
+@pytest.mark.parametrize("kind", HF_DAMAGE)
+def test_the_folder_reader_refuses_every_damage_naming_the_file(kind, tmp_path):
+    folder, named, kind, marker = damaged_hf_folder(tmp_path, kind)
+    with pytest.raises(UserError) as e:
+        hf.load_pretrained(str(folder))
+    assert str(named) in str(e.value) and HF_WORDS.get(kind, "") in str(e.value), e.value
+    assert "unsafe, not loaded" in str(e.value) or kind not in ("pickle", "legacy pickle"), e.value
+    assert not marker.exists(), "the folder's pickle ran code"
+
+
+@pytest.mark.parametrize("kind, script", HF_CASES)
+def test_a_damaged_or_hostile_transformers_folder_is_one_line(script, kind, char_data, tmp_path):
+    folder, named, kind, marker = damaged_hf_folder(tmp_path, kind)
     r = run(*hf_loader(script, folder, char_data, tmp_path), check=False)
-    line = one_error_line(r, path if kind not in ("missing tensor", "missing file") else folder)
+    line = one_error_line(r, named)
     assert not marker.exists(), "the folder's pickle ran code"
     assert not os.path.exists(tmp_path / "out"), "train.py wrote before refusing"
-    if kind in ("pickle", "legacy pickle"):
-        assert "unsafe, not loaded" in line and "class io.open" in line, line
-    words = {"nan": "tensor transformer.h.0.attn.c_proj.weight holds NaN or inf",
-             "missing tensor": "transformer.h.0.mlp.c_fc.weight", "missing file": "holds no weights"}
-    assert words.get(kind, "") in line, line
+    assert HF_WORDS.get(kind, "") in line, line
+    assert "unsafe, not loaded" in line or kind not in ("pickle", "legacy pickle"), line
 
 
 def test_plain_and_sharded_weights_load_as_they_are(tmp_path):
