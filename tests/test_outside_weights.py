@@ -118,8 +118,24 @@ def loader(script, out_dir, char_data, hellaswag_file=None):
 LOADERS = ("train.py", "sample.py", "export.py", "hellaswag.py")
 
 
-@pytest.mark.parametrize("script", LOADERS)
-@pytest.mark.parametrize("kind", ["truncated", "garbage", "pickle", "legacy pickle", "plain pickle"])
+DAMAGE = ["truncated", "garbage", "pickle", "legacy pickle", "plain pickle"]
+# every loader reads ckpt.pt through load_checkpoint, which the first test tries with every damage; the second
+# runs each damage through one of the scripts, each script at least once: one line, no traceback, no code run
+SCRIPT_CASES = [(kind, LOADERS[i % len(LOADERS)]) for i, kind in enumerate(DAMAGE)]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_load_checkpoint_refuses_every_damage_naming_the_file(kind, tmp_path):
+    path, marker = checkpoint(tmp_path / "run"), tmp_path / "code-ran"
+    damage(path, kind, marker)
+    with pytest.raises(UserError) as e:
+        load_checkpoint(path)
+    assert str(path) in str(e.value) and not marker.exists(), e.value
+    if kind in ("pickle", "legacy pickle"):
+        assert "unsafe, not loaded" in str(e.value) and "class io.open" in str(e.value), e.value
+
+
+@pytest.mark.parametrize("kind, script", SCRIPT_CASES)
 def test_a_damaged_or_hostile_checkpoint_is_one_line(script, kind, char_data, hellaswag_file, tmp_path):
     path, marker = checkpoint(tmp_path / "run"), tmp_path / "code-ran"
     damage(path, kind, marker)
@@ -163,14 +179,25 @@ def test_each_loader_refuses_a_wrong_typed_counter_and_model_arg(script, char_da
                    "model_args['n_embd']")
 
 
-@pytest.mark.parametrize("script", LOADERS)
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_weights_that_are_not_finite_are_refused_naming_the_first(script, bad, char_data, hellaswag_file, tmp_path):
-    path = checkpoint(tmp_path / "run")
+def non_finite_checkpoint(folder, bad):
+    path = checkpoint(folder)
     ckpt = torch.load(path)
     ckpt["model"]["transformer.h.0.mlp.c_fc.weight"][3, 4] = bad
     ckpt["model"]["transformer.ln_f.weight"][0] = bad
     torch.save(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_load_checkpoint_refuses_weights_that_are_not_finite_naming_the_first(bad, tmp_path):
+    path = non_finite_checkpoint(tmp_path / "run", bad)
+    with pytest.raises(UserError, match="weight transformer.h.0.mlp.c_fc.weight holds NaN or inf"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("script, bad", [(s, (float("nan"), float("inf"))[i % 2]) for i, s in enumerate(LOADERS)])
+def test_weights_that_are_not_finite_are_refused_naming_the_first(script, bad, char_data, hellaswag_file, tmp_path):
+    path = non_finite_checkpoint(tmp_path / "run", bad)
     line = one_error_line(run(*loader(script, tmp_path / "run", char_data, hellaswag_file), check=False), path)
     assert "weight transformer.h.0.mlp.c_fc.weight holds NaN or inf" in line, line
 
