@@ -301,8 +301,7 @@ def load_pretrained(model_type, dropout=0.0):
     try:
         folder = model_type
         if not os.path.isdir(model_type):  # a hub name: its files from the cache, or downloaded
-            cached_file(model_type, "model.safetensors")
-            folder = os.path.dirname(cached_file(model_type, "config.json"))
+            folder = hub_folder(model_type, cached_file)
         check_folder(folder)
         try:
             config = AutoConfig.from_pretrained(folder)
@@ -329,6 +328,25 @@ def load_pretrained(model_type, dropout=0.0):
         raise UserError(f"{folder}: its weight files lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
                         f": they are damaged or of another model")
     return (llama_from_hf if llama else gpt2_from_hf)(hf_model, dropout)
+
+
+def hub_folder(name, cached_file):
+    """A hub model's folder: the cache's copy, else downloaded (OSError if it cannot be had). Without a connection
+    the hub library retries for about half a minute; one request without retries first says so at once."""
+    from huggingface_hub import constants, get_session  # comes with transformers, which only hub names need
+    try:
+        return os.path.dirname([cached_file(name, f, local_files_only=True) for f in HUB_FILES][-1])
+    except OSError:
+        pass  # not all in the cache
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            get_session().head(constants.ENDPOINT, timeout=10)
+        except Exception as e:  # noqa: BLE001 - requests' or httpx's connection errors, whichever the hub uses
+            raise OSError(f"cannot connect to {constants.ENDPOINT} ({type(e).__name__})")
+    return os.path.dirname([cached_file(name, f) for f in HUB_FILES][-1])
+
+
+HUB_FILES = ("model.safetensors", "config.json")
 
 
 def weight_files(folder):
