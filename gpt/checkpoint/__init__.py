@@ -247,8 +247,7 @@ class Saver:
         """Rank 0's part of an unsharded save; returns whether it was written."""
         path = os.path.join(self.out_dir, name or "ckpt.pt")
         model_sd = model.state_dict()
-        bad = first_non_finite(model_sd)
-        if bad is not None:
+        if (bad := first_non_finite(model_sd)) is not None:
             print(f"error: not saving checkpoint {path}: weight {bad} holds NaN or inf ({self.last_good()})")
             return False
         best_now = name is None and self.keep_best and self.new_best == state["iter_num"]
@@ -310,8 +309,7 @@ def load_checkpoint(path):
         raise UserError(f"{path} is not a GPT checkpoint (no 'model' and 'model_args' entries)")
     check_entries(ckpt, path)
     ckpt["model"] = clean_state_dict(ckpt["model"])
-    bad = first_non_finite(ckpt["model"])
-    if bad:
+    if bad := first_non_finite(ckpt["model"]):
         raise UserError(f"{path}: weight {bad} holds NaN or inf, so the model cannot sample or train (the run "
                         f"diverged before this was saved, or the file was damaged); {way_back(path)}")
     return ckpt

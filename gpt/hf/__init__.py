@@ -12,6 +12,7 @@ import logging
 import os
 import types
 import zipfile
+from contextlib import suppress
 
 import torch
 from tqdm import tqdm
@@ -334,19 +335,15 @@ def hub_folder(name, cached_file):
     """A hub model's folder: the cache's copy, else downloaded (OSError if it cannot be had). Without a connection
     the hub library retries for about half a minute; one request without retries first says so at once."""
     from huggingface_hub import constants, get_session  # comes with transformers, which only hub names need
-    try:
-        return os.path.dirname([cached_file(name, f, local_files_only=True) for f in HUB_FILES][-1])
-    except OSError:
-        pass  # not all in the cache
+    files = ("model.safetensors", "config.json")
+    with suppress(OSError):  # not all in the cache
+        return os.path.dirname([cached_file(name, f, local_files_only=True) for f in files][-1])
     if not constants.HF_HUB_OFFLINE:
         try:
             get_session().head(constants.ENDPOINT, timeout=10)
         except Exception as e:  # noqa: BLE001 - requests' or httpx's connection errors, whichever the hub uses
             raise OSError(f"cannot connect to {constants.ENDPOINT} ({type(e).__name__})")
-    return os.path.dirname([cached_file(name, f) for f in HUB_FILES][-1])
-
-
-HUB_FILES = ("model.safetensors", "config.json")
+    return os.path.dirname([cached_file(name, f) for f in files][-1])
 
 
 def weight_files(folder):
@@ -390,8 +387,7 @@ def read_weights(folder):
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise UserError(f"{path} is not a file of named tensors (torch.save's or safetensors): it is damaged, "
                             f"or not weights")
-        bad = first_non_finite(part)
-        if bad:
+        if bad := first_non_finite(part):
             raise UserError(f"{path}: tensor {bad} holds NaN or inf: the weights are damaged, or diverged")
         state_dict.update(part)
     return state_dict
