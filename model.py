@@ -71,6 +71,7 @@ class GPTConfig:
     fused_loss: bool = runtime(False)  # the head and loss a chunk at a time, no full logits (gpt/kernels/loss.py)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
     fused_qk: bool = runtime(False)  # QK-norm and rotary embeddings in one Triton kernel (a CUDA GPU, uncompiled)
+    bf16_residual: bool = runtime(False)  # under bf16 autocast the residual stream in bf16: half the bytes, coarser
 
     def __post_init__(self):
         if self.family not in ('gpt2', 'llama'):
@@ -157,13 +158,25 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.type_as(x)
+        return self.weight.type_as(x) * x32.type_as(x)  # a bf16 residual stream (bf16_residual) stays bf16
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm, but a bf16 input (bf16_residual) gives a bf16 output, the statistics still in float32:
+    autocast would run it in float32 and hand the next matmul a float32 copy to cast back."""
+
+    def forward(self, x):
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), bias, self.eps)
 
 
 def make_norm(config):
     if config.family == 'llama':
         return RMSNorm(config.n_embd, config.norm_eps)
-    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
+    return LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
 
 
 def rotary(positions, head_size, theta):
@@ -358,8 +371,10 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(pos)
         else:
             rope = rotary(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+        if self.config.bf16_residual and torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))  # the plan allows it under bf16 autocast only
         x = self.transformer.drop(x)
-        tables = [table(idx) for table in self.transformer.value_embeds] if self.config.value_embeds else []
+        tables = [table(idx).to(x.dtype) for table in self.transformer.value_embeds] if self.config.value_embeds else []
         half = self.config.n_layer // 2 if self.config.skip_connections else 0
         skips = []  # U-net: the outputs of the first `half` blocks, the last one on top
         for i, block in enumerate(self.transformer.h):

@@ -298,7 +298,7 @@ while True:
     # this step (at the end too, so the last model counts). A resumed run skips what its first step has done.
     due = schedule.due(iter_num, run.max_iters, run.eval_only, run.init == 'resume' and iter_num == run.start_iter,
                        run.eval_interval, run.hellaswag_interval, run.sample_interval, run.tokens_per_iter,
-                       run.ckpt_every_tokens, run.checkpoint_interval, tokens=run.tokens_at(iter_num))
+                       run.ckpt_every_tokens, run.checkpoint_interval, run.tokens_at(iter_num), run.eval_at_start)
     eval_start = time.time()
     row = evaluate(due) if due.loss or due.hellaswag else {}
     if 'val_loss' in row:  # a NaN, or a loss far above the best and the untrained model's: nothing is saved

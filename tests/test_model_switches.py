@@ -15,6 +15,7 @@ from gpt import optim
 from gpt.checkpoint import model_from_checkpoint
 from gpt.hf import to_hf
 from gpt.runtime.errors import UserError
+import model as model_lib
 from model import GPT, GPTConfig
 
 V, T = 64, 16
@@ -82,6 +83,32 @@ def test_zero_init_proj_zeroes_only_the_projections():
             assert p.abs().max() == 0
         else:
             assert p.shape == q.shape
+
+
+@pytest.mark.parametrize("kw", [dict(pos_emb='rope', qk_norm=True, value_embeds=1, skip_connections=True),
+                                dict(family='llama', n_kv_head=1, value_embeds=1)], ids=["speedrun", "llama"])
+def test_bf16_residual_keeps_the_stream_in_bf16_and_the_loss(kw):
+    """Under bf16 autocast every block and norm sees and returns bf16; the loss and gradients stay those of
+    the float32 stream to bf16's rounding. Without autocast the switch changes nothing."""
+    X, Y = batch()
+    models = [tiny(**kw), tiny(**kw, bf16_residual=True)]
+    assert all(torch.equal(models[0](X, Y)[1], m(X, Y)[1]) for m in models)  # float32: bit for bit
+    seen = []
+    for module in models[1].modules():
+        if isinstance(module, (model_lib.Block, model_lib.LayerNorm, model_lib.RMSNorm)):
+            module.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    grads, losses = [], []
+    for m in models:
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            loss = m(X, Y)[1]
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        losses.append(loss.item())
+        assert loss.dtype == torch.float32 and 3.5 < loss.item() < 4.8
+    assert len(seen) > 6 and set(seen) == {(torch.bfloat16, torch.bfloat16)}
+    assert abs(models[0](X, Y)[1].item() - models[1](X, Y)[1].item()) < 1e-6  # the same weights
+    assert abs(losses[0] - losses[1]) < 0.01 and losses[0] != losses[1]  # bf16's sums, not float32's
+    assert F.cosine_similarity(grads[0], grads[1], dim=0) > 0.999 and grads[1].isfinite().all()
 
 
 def test_relu2_is_relu_squared():

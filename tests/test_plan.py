@@ -220,3 +220,13 @@ def test_a_refused_run_leaves_the_disk_as_it_found_it(first_run, tmp_path, case)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == earlier  # nothing moved aside, nothing added
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bf16_residual_runs_only_under_bf16_and_says_so_otherwise(dtype, capsys):
+    config = {**given(bf16_residual=True), 'init_from': 'scratch'}
+    p = plan.decide(configurator.Config(config, {'bf16_residual'}), plan.Source('scratch', None, None, None), None,
+                    1, 'cpu', dtype, verbose=True)
+    assert p.model['bf16_residual'] is (dtype == 'bfloat16') and p.settings['bf16_residual'] is p.model['bf16_residual']
+    said = "bf16_residual: off (dtype=float32" in capsys.readouterr().out
+    assert said is (dtype == 'float32')

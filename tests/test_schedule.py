@@ -105,9 +105,9 @@ def test_both_settings_given_is_one_line(data_dir, tmp_path):
 
 
 def due(iter_num, max_iters=100, eval_only=False, resumed_here=False, eval_interval=10, hellaswag_interval=0,
-        sample_interval=0, tokens_per_iter=64, ckpt_every_tokens=0, checkpoint_interval=0):
+        sample_interval=0, tokens_per_iter=64, ckpt_every_tokens=0, checkpoint_interval=0, at_start=True):
     return schedule.due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval,
-                        sample_interval, tokens_per_iter, ckpt_every_tokens, checkpoint_interval)
+                        sample_interval, tokens_per_iter, ckpt_every_tokens, checkpoint_interval, at_start=at_start)
 
 
 def test_what_is_due_at_a_step():
@@ -122,6 +122,14 @@ def test_what_is_due_at_a_step():
     assert [n for n in range(12) if due(n, ckpt_every_tokens=200).tokens] == [4, 7, 10]
     assert due(4, ckpt_every_tokens=200) == (True, False, False, False, 256, False)
     assert not due(4, ckpt_every_tokens=200, resumed_here=True).tokens
+
+
+def test_eval_at_start_false_skips_only_the_first_steps_evaluation():
+    late = dict(at_start=False, hellaswag_interval=10)
+    assert due(0, **late) == (False, False, False, False, 0, False)  # nothing at step 0
+    assert due(10, **late).loss and due(10, **late).hellaswag and due(100, **late).loss  # later ones as before
+    assert due(0, max_iters=0, **late).loss  # a run with no steps is still evaluated (its last step)
+    assert due(0, eval_only=True, **late).loss  # eval_only evaluates the model it starts from
 
 
 def test_the_checkpoint_decision():

@@ -25,6 +25,9 @@ SETTINGS = dict(
     sample_max_tokens=Setting(POSITIVE, unused=_no_samples, default=32, doc="or fewer, to the end-of-text token"),
     sample_top_p=Setting(NUCLEUS, unused=_no_samples, default=1.0, doc="nucleus sampling (e.g. 0.9); 1.0: off"),
     num_samples_train=Setting(POSITIVE, unused=_no_samples, default=4, doc="samples each time"),
+    eval_at_start=Setting(unused=lambda c: c['eval_only'] and "eval_only=True evaluates the model it starts from",
+                          default=True, doc="False: no evaluation before the first step (step 0's training loss is "
+                          "the first reading); the last step's still runs"),
     hellaswag_interval=Setting(NOT_NEGATIVE, default=0, doc="HellaSwag accuracy every N steps and at the end (0: "
                                "off; the data in $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag)"),
 )

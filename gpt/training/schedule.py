@@ -198,13 +198,14 @@ class Due(NamedTuple):
 
 
 def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval, sample_interval,
-        tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0, tokens=None):
+        tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0, tokens=None, at_start=True):
     """What is due at step iter_num, before it trains: each interval's multiples and the last step (all of
     them with eval_only). A run resumed at this step skips it all: the run it resumes did it just before
-    saving. tokens: the tokens trained on by step iter_num (default: iter_num steps of tokens_per_iter)."""
+    saving; so does step 0 of a training run without at_start (eval_at_start=False). tokens: the tokens
+    trained on by step iter_num (default: iter_num steps of tokens_per_iter)."""
     tokens = iter_num * tokens_per_iter if tokens is None else tokens
     last = iter_num >= max_iters
-    fresh = not resumed_here or eval_only
+    fresh = (not resumed_here and (at_start or iter_num > 0 or last)) or eval_only
     every = lambda interval: bool(interval and fresh and (iter_num % interval == 0 or last or eval_only))
     crossing = fresh and not eval_only and crossed(tokens, tokens_per_iter, ckpt_every_tokens)
     return Due(loss=every(eval_interval) or crossing, hellaswag=every(hellaswag_interval),
