@@ -231,7 +231,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     model['fused_qk'] = hardware.can_fuse_qk(model['fused_qk'], GPTConfig(**model), device_type, compiled, verbose)
     if torchrun:
         distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
-    graphed = stepgraph.can_graph(config['cuda_graph'], device_type, torchrun, dtype,
+    graphed = stepgraph.can_graph(config['cuda_graph'], device_type,
+                                  torchrun and (config['parallelism'], config['ddp_sync'], config['backend']), dtype,
                                   config['activation_checkpointing'], verbose)
     optimizer = optimizer_settings(config, given, parallelism)
     if parallelism == 'fsdp' and (config['ckpt_every_tokens'] or config['hellaswag_interval']):
