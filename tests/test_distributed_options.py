@@ -55,6 +55,7 @@ def runs(tmp_path_factory):
         # gradients of their own, no static_graph (FSDP2's options: tests/test_distributed.py)
         "ddp_small": dict(ddp_bucket_mb=0.004, ddp_bucket_view=False, ddp_static_graph=False),
         "ddp_bf16": dict(ddp_reduce_dtype="bfloat16"),
+        "ddp_hooks": dict(ddp_sync="hooks"),  # no wrapper: gpt/runtime/distributed.py's GradSync
     }
     out = {}
     for name, kw in settings.items():
@@ -73,6 +74,14 @@ def test_bucket_size_views_and_static_graph_change_no_loss(runs):
     # reduced twice would be off by the size of a gradient
     np.testing.assert_allclose(runs["ddp_small"], runs["ddp"], rtol=0, atol=1e-6)
     assert runs["ddp_small"][0] == runs["ddp"][0]  # the first loss comes before any update
+
+
+def test_hooks_train_as_the_wrapper_does(runs):
+    # without the static graph's extra first reduction, the wrapper's sums in the same order: bit for bit
+    # (tests/test_gradsync.py compares them step by step, weights too)
+    assert runs["ddp_hooks"] == runs["ddp_small"]
+    norms = {name: [row["grad_norm"] for row in runs[name + "_rows"]] for name in ("ddp_hooks", "ddp_small")}
+    assert norms["ddp_hooks"] == norms["ddp_small"]
 
 
 def test_static_graph_is_decided_from_the_model():
@@ -102,7 +111,8 @@ def test_bf16_reduction_is_close_but_not_exact(runs):
 
 def test_wrong_values_are_one_error_line(runs):
     for kw, words in ((dict(ddp_reduce_dtype="float16"), "ddp_reduce_dtype 'float16'"),
-                      (dict(ddp_bucket_mb=0), "ddp_bucket_mb must be positive")):
+                      (dict(ddp_bucket_mb=0), "ddp_bucket_mb must be positive"),
+                      (dict(ddp_sync="hook"), "ddp_sync='hook' makes no sense: ddp_sync must be 'wrapper' or 'hooks'")):
         r = train(runs["data"], runs["tmp"] / "bad", nproc=1, **kw)
         assert r.returncode == 2, r.stderr[-2000:]
         lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]

@@ -84,7 +84,7 @@ def other_values(value):
         return [not value]
     if isinstance(value, (int, float)):
         return [type(value)(v) for v in (0, -1, 1, 4096) if v != value]
-    return ['', 'x', 'resume', 'muon', 'constant', 'wsd', 'blocks']
+    return ['', 'x', 'resume', 'muon', 'constant', 'wsd', 'blocks', 'hooks']
 
 
 def inert_runs(declared, base):

@@ -151,7 +151,7 @@ def test_portable_state_resumes_without_the_graph():
 def test_where_the_graph_cannot_run():
     assert stepgraph.problem('cuda', False, 'bfloat16', False) is None
     assert 'CUDA' in stepgraph.problem('cpu', False, 'float32', False)
-    assert 'torchrun' in stepgraph.problem('cuda', True, 'bfloat16', False)
+    assert 'torchrun' in stepgraph.problem('cuda', ('ddp', 'wrapper', ''), 'bfloat16', False)  # tests/test_gradsync.py
     assert 'bfloat16' in stepgraph.problem('cuda', False, 'float16', False)
     assert 'activation_checkpointing' in stepgraph.problem('cuda', False, 'bfloat16', True)
 

@@ -1,6 +1,7 @@
 """
 How the model is spread over the processes torchrun starts: joining the process group, then DDP (a whole copy
-per GPU) or FSDP2 (parameters, gradients and optimizer state sharded). docs/scaling.md.
+per GPU, through torch's wrapper or GradSync's hooks) or FSDP2 (parameters, gradients and optimizer state
+sharded). docs/scaling.md.
 """
 import gc
 import os
@@ -15,14 +16,23 @@ from torch.utils.checkpoint import checkpoint
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 from gpt.runtime.settings import POSITIVE, Setting
 
+
+def _hooks(c):
+    return c['ddp_sync'] == 'hooks' and "ddp_sync='hooks' has no DDP wrapper: gradients always in its own buckets"
+
+
 # train.py's settings for DDP and FSDP2 (gpt/runtime/settings.py); the defaults are docs/scaling.md's fastest
 SETTINGS = dict(
     ddp_reduce_dtype=Setting(default='float32', doc="gradients summed over the GPUs in 'float32' (exact) or "
                              "'bfloat16' (half the bytes)"),
     ddp_bucket_mb=Setting(POSITIVE, default=100.0, doc="DDP's bucket_cap_mb: a bucket's all-reduce starts once the "
                           "backward has filled it"),
-    ddp_bucket_view=Setting(default=True, doc="DDP's gradient_as_bucket_view: gradients are views into the buckets"),
-    ddp_static_graph=Setting(default=True, doc="DDP's static_graph, where the model allows it"),
+    ddp_bucket_view=Setting(unused=_hooks, default=True,
+                            doc="DDP's gradient_as_bucket_view: gradients are views into the buckets"),
+    ddp_static_graph=Setting(unused=_hooks, default=True, doc="DDP's static_graph, where the model allows it"),
+    ddp_sync=Setting((lambda v: v in DDP_SYNCS, "'wrapper' or 'hooks' (docs/scaling.md#ddp_sync)"),
+                     default='wrapper', doc="'wrapper': torch's DistributedDataParallel; 'hooks': GradSync's "
+                     "all-reduces, started without torch._dynamo and able to run in a CUDA graph"),
     fsdp_reshard_after_forward=Setting(default=True, doc="fsdp: False keeps gathered weights through a step: "
                                        "faster, more memory"),
     compile_scope=Setting((lambda v: v in COMPILE_SCOPES, "'model' or 'blocks' (gpt/runtime/distributed.py)"),
@@ -34,6 +44,7 @@ SETTINGS = dict(
                                  "the whole run fails"),
 )
 COMPILE_SCOPES = ('model', 'blocks')
+DDP_SYNCS = ('wrapper', 'hooks')
 PARALLELISMS = ('ddp', 'fsdp')
 
 
@@ -48,6 +59,8 @@ def check(parallelism, options, compile, torchrun):
         raise UserError(f"unknown compile_scope '{options['compile_scope']}': use {' or '.join(COMPILE_SCOPES)}")
     if options['ddp_reduce_dtype'] not in ("float32", "bfloat16"):
         raise UserError(f"unknown ddp_reduce_dtype '{options['ddp_reduce_dtype']}': use float32 or bfloat16")
+    if options.get('ddp_sync', 'wrapper') not in DDP_SYNCS:
+        raise UserError(f"unknown ddp_sync '{options['ddp_sync']}': use {' or '.join(DDP_SYNCS)}")
     bucket_mb = options['ddp_bucket_mb']
     if not bucket_mb > 0 or (compile and torchrun and parallelism == "ddp" and bucket_mb < 1):
         raise UserError(f"ddp_bucket_mb must be positive, and at least 1 with compile (torch.compile's "
@@ -59,7 +72,8 @@ def wrap_args(options):
     """wrap()'s keyword arguments from the run's settings."""
     return dict(reduce_dtype=options['ddp_reduce_dtype'], bucket_mb=options['ddp_bucket_mb'],
                 bucket_view=options['ddp_bucket_view'], static_graph=options['ddp_static_graph'],
-                reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'])
+                reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'],
+                sync=options['ddp_sync'])
 
 
 def launch(environ, gpus):
@@ -135,14 +149,16 @@ def init_process(device, backend, timeout_minutes):
 
 
 def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=100.0,
-         bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model"):
-    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP or sharded. The
-    options are SETTINGS' (wrap_args names them); what each does: docs/scaling.md."""
+         bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model", sync="wrapper"):
+    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP, given a GradSync
+    (model.grad_sync, sync='hooks': no wrapper) or sharded. The options are SETTINGS' (wrap_args names them);
+    what each does: docs/scaling.md."""
     several = dist.is_available() and dist.is_initialized()
-    check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb),
-          compile, several)  # the plan has checked them: callers of their own
+    check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb,
+                            ddp_sync=sync), compile, several)  # the plan has checked them: callers of their own
     if parallelism == "ddp":
-        problem = several and static_graph and static_graph_problem(model)  # on the model as built, not compiled
+        # on the model as built, not compiled; hooks have no static graph
+        problem = several and static_graph and sync == "wrapper" and static_graph_problem(model)
         if problem:
             print(f"ddp_static_graph: off ({problem})")
         if compile and compile_scope == "blocks":
@@ -152,6 +168,10 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
         if not several:
+            return model
+        if sync == "hooks":
+            broadcast_weights(model)  # what DDP's wrapper does first
+            model.grad_sync = GradSync(model, bucket_mb, reduce_dtype)
             return model
         # bucket_cap_mb only when not PyTorch's 25: given, DDP also makes its first bucket that size (1 MB else)
         sizes = {} if bucket_mb == 25 else dict(bucket_cap_mb=bucket_mb)
@@ -229,6 +249,58 @@ def bf16_allreduce_hook(group, bucket):
     return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
+class GradSync:
+    """ddp_sync='hooks' (docs/scaling.md#ddp_sync): DDP's averaging of the gradients without its wrapper. Each
+    trainable parameter's gradient is a view into a flat bucket of about bucket_mb (one dtype and device each,
+    parameters in reverse order, roughly as the backward pass completes them); on the micro-step that syncs, a
+    bucket's last gradient starts its all-reduce, buckets in order on every rank. wait() finishes them all."""
+
+    def __init__(self, model, bucket_mb, reduce_dtype):
+        self.world, self.sync, self.bf16 = dist.get_world_size(), True, reduce_dtype == "bfloat16"
+        self.buckets, filling = [], {}  # (dtype, device): the bucket being filled
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):
+            key, bucket = (p.dtype, p.device), filling.get((p.dtype, p.device))
+            if bucket is None or sum(map(torch.numel, bucket)) * p.element_size() >= bucket_mb * 2**20:
+                filling[key] = bucket = []
+                self.buckets.append(bucket)
+            bucket.append(p)
+        self.flats = [torch.zeros(sum(map(torch.numel, b)), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
+        for i, (bucket, flat) in enumerate(zip(self.buckets, self.flats)):
+            for p, view in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad = view.view_as(p)  # backward adds into it in place: no copy, fixed addresses
+                p.register_post_accumulate_grad_hook(lambda _, i=i: self._arrived(i))
+        self.arrived, self.works = [0] * len(self.buckets), []
+
+    def _arrived(self, i):
+        if not self.sync:
+            return
+        self.arrived[i] += 1
+        n = len(self.works)  # the next bucket to start: in order, so the ranks' collectives pair up
+        while n < len(self.flats) and self.arrived[n] == len(self.buckets[n]):
+            self._launch(n)
+            n += 1
+
+    def _launch(self, i):
+        """Each rank's share, then their sum, as DDP divides (bfloat16: bf16_allreduce_hook's arithmetic)."""
+        sent = (self.flats[i].to(torch.bfloat16) if self.bf16 else self.flats[i]).div_(self.world)
+        self.works.append((dist.all_reduce(sent, async_op=True), sent))
+
+    def wait(self):
+        """Every bucket averaged over the ranks; one that some gradient never completed (a parameter this step
+        does not reach, which keeps a zero gradient) starts here, in its turn."""
+        while len(self.works) < len(self.flats):
+            self._launch(len(self.works))
+        for flat, (work, sent) in zip(self.flats, self.works):
+            work.wait()
+            if sent is not flat:
+                flat.copy_(sent)
+        self.arrived, self.works = [0] * len(self.buckets), []
+
+    def zero_grad(self):
+        """In place: zero_grad(set_to_none=True) would drop the views (and a CUDA graph's addresses)."""
+        torch._foreach_zero_(self.flats)
+
+
 def rank_zero_first(load):
     """load() on rank 0 first, then on the other ranks (which then find what rank 0 downloaded)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -251,6 +323,8 @@ def set_gradient_sync(model, sync):
         if getattr(model, "keep_gathered_while_accumulating", False):
             # reshard_after_forward=False: gathered until the last micro-step's backward too (docs/scaling.md)
             model.set_reshard_after_backward(sync)
+    elif hasattr(model, "grad_sync"):
+        model.grad_sync.sync = sync
 
 
 def finish():

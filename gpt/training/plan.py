@@ -234,7 +234,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     model['bf16_residual'] = model['bf16_residual'] and dtype == 'bfloat16'
     if torchrun:
         distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
-    graphed = stepgraph.can_graph(config['cuda_graph'], device_type, torchrun, dtype,
+    graphed = stepgraph.can_graph(config['cuda_graph'], device_type,
+                                  torchrun and (config['parallelism'], config['ddp_sync'], config['backend']), dtype,
                                   config['activation_checkpointing'], verbose)
     optimizer = optimizer_settings(config, given, parallelism)
     if parallelism == 'fsdp' and (config['ckpt_every_tokens'] or config['hellaswag_interval']):

@@ -18,6 +18,7 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
     """One optimizer step: forward and backward of each of the micro_steps (X, Y) micro-batches `batches`
     yields, clip the gradients at grad_clip (0: only measure their norm), update. Returns the step's mean loss
     and the gradient norm before clipping, as tensors; a non-finite norm means the update was skipped."""
+    sync = getattr(model, 'grad_sync', None)  # ddp_sync='hooks' (gpt/runtime/distributed.py's GradSync)
     loss_sum = None
     for micro_step, (X, Y) in enumerate(batches):
         # gradients are reduced across ranks only at the last micro step
@@ -28,11 +29,13 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         # backward pass, with gradient scaling if training in fp16
         scaler.scale(loss).backward()
+    if sync:
+        sync.wait()  # the gradients averaged over the ranks before they are read
     scaler.unscale_(optimizer)
     grad_norm = distributed.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf))
     update(optimizer, scaler, grad_norm)
-    # flush the gradients as soon as we can, no need for this memory anymore
-    optimizer.zero_grad(set_to_none=True)
+    # flush the gradients as soon as we can, no need for this memory anymore (GradSync's stay, zeroed in place)
+    sync.zero_grad() if sync else optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
 
 

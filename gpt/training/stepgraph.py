@@ -1,9 +1,9 @@
 """
-The training step as one CUDA graph (cuda_graph=True, one CUDA GPU): every micro-step's forward and backward,
-the clipping and the update, recorded once and replayed every iteration (docs/benchmarks.md). A graph needs
-fixed shapes and addresses and no value read back on the CPU: the batches are copied into fixed buffers, the
-learning rate is a GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update
-on the GPU.
+The training step as one CUDA graph (cuda_graph=True, one CUDA GPU, or under torchrun with ddp_sync='hooks'
+over NCCL, whose all-reduces the graph records too): every micro-step's forward and backward, the clipping and
+the update, recorded once and replayed every iteration (docs/benchmarks.md). A graph needs fixed shapes and
+addresses and no value read back on the CPU: the batches are copied into fixed buffers, the learning rate is a
+GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update on the GPU.
 """
 import torch
 
@@ -57,7 +57,8 @@ class StepGraph:
         """Warm up, then record body() as torch.cuda.graphs' documentation does. The warm-up runs compile,
         cuBLAS set-up and the optimizer's first-step state, but skips its updates and gives back the random
         numbers it drew (dropout), so the run is the one it would be without the graph. The step ends with
-        zero_grad(set_to_none): in the graph, each replay's first backward writes the gradients afresh."""
+        zero_grad(set_to_none): in the graph, each replay's first backward writes the gradients afresh (GradSync's,
+        zeroed in place, add into the same buckets every replay, whose all-reduces the graph holds too)."""
         device = self.x.device
         rng = torch.cuda.get_rng_state(device)
         stream = torch.cuda.Stream(device)
@@ -73,13 +74,15 @@ class StepGraph:
 
 
 def problem(device_type, distributed, dtype, activation_checkpointing):
-    """Why the step cannot be a graph here (None if it can): it needs one CUDA GPU, no GradScaler (its
+    """Why the step cannot be a graph here (None if it can): it needs a CUDA GPU, under torchrun
+    (distributed: (parallelism, ddp_sync, backend)) GradSync's collectives over NCCL, no GradScaler (its
     checks read values back on the CPU) and no activation checkpointing (it saves and restores the random
     state on the CPU)."""
     if device_type != 'cuda':
         return f"needs a CUDA GPU, not {device_type}"
-    if distributed:
-        return "one GPU only, not under torchrun"
+    parallelism, sync, backend = distributed or ('', '', '')
+    if distributed and ((parallelism, sync) != ('ddp', 'hooks') or 'nccl' not in (backend or 'nccl').lower()):
+        return "under torchrun, only with ddp_sync='hooks' over NCCL: torch's DDP wrapper and FSDP2 are not captured"
     if dtype == 'float16':
         return "float16's GradScaler reads values back on the CPU: use dtype=bfloat16"
     if activation_checkpointing:
