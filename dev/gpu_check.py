@@ -215,7 +215,8 @@ def part_export():
 ONE_GPU = {}  # the one-GPU losses the parallel parts compare with, run once for all of them
 
 
-def part_parallel(nproc, parallelism):
+def part_parallel(nproc, parallelism, *extra):
+    """N processes' losses against one GPU's; extra: more settings (ddp_sync='hooks' with the step's graph)."""
     def check():
         need("data/shakespeare_char/train.bin", "python data/shakespeare_char/prepare.py")
         args = [*CHAR, "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=20", "--cuda_graph=False",
@@ -226,7 +227,10 @@ def part_parallel(nproc, parallelism):
                 raise Failed(f"one GPU: exit {code}: {last_line(out)}")
             ONE_GPU["losses"] = losses(out_dir)
         one = ONE_GPU["losses"]
-        found, _, line = trained(f"{parallelism}-{nproc}", [*args, f"--parallelism={parallelism}"], nproc=nproc)
+        name = f"{parallelism}{'-hooks' if extra else ''}-{nproc}"
+        found, out, line = trained(name, [*args, f"--parallelism={parallelism}", *extra], nproc=nproc)
+        if "cuda_graph: off" in out:
+            raise Failed(last_line(out[:out.index("cuda_graph: off") + 200]))
         worst = max(abs(a - b) / b for a, b in zip(found, one))
         if len(found) != len(one) or worst > 5e-3:
             raise Failed(f"losses {[round(x, 4) for x in found]} against one GPU's {[round(x, 4) for x in one]}")
@@ -253,6 +257,7 @@ def main(argv):
         if gpus() >= n:
             parts[f"ddp-{n}"] = part_parallel(n, "ddp")
             parts[f"fsdp-{n}"] = part_parallel(n, "fsdp")
+            parts[f"ddp-hooks-{n}"] = part_parallel(n, "ddp", "--ddp_sync=hooks", "--cuda_graph=True")
     chosen = [x for x in a.parts.split(",") if x] or list(parts)
     unknown = [x for x in chosen if x not in parts]
     if unknown:

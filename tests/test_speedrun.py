@@ -83,9 +83,7 @@ def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa
               "--warmup_iters=1", "--log_interval=1")
     assert "muon:" in r.stdout
     evals = speedrun.parse_evals([(0.0, line) for line in r.stdout.splitlines()])
-    # eval_at_start=False: one evaluation, at the end; step 0's training loss is the run's first reading
-    assert [e["step"] for e in evals] == [6] and all(e["since_launch"] is not None for e in evals)
-    assert "iter 0: loss " in r.stdout
+    assert [e["step"] for e in evals] == [0, 6] and all(e["since_launch"] is not None for e in evals)
     step, tokens, loss = speedrun.score(str(out / "ckpt.pt"), str(data_dir / "val.bin"), "cpu", batch_size=4)
     assert step == 6 and tokens == 6 * 2 * 32 * 2 and 0 < loss < 10
 
