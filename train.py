@@ -259,9 +259,9 @@ def finish(stopped=False):
               f"its checkpoint was not written, so --init_from=resume would not start here: {saver.last_good()}"))
     if dashboard is not None:
         dashboard.finish()  # a page that is open reads the run's last rows before the server ends
-    if run.torchrun:
-        global model
-        del model  # the DDP wrapper goes before the process group (gpt/runtime/distributed.py's finish says why)
+    if run.torchrun:  # the DDP wrapper and the step's graph (its NCCL calls) go before the process group
+        global model, step_graph
+        del model, step_graph  # gpt/runtime/distributed.py's finish says why
         distributed.finish()
     if stopped:
         sys.exit(stop.exit_code)
