@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from gpt.checkpoint import rundir, sharded
 from gpt.checkpoint.sharded import DCP_DIR, TRAIN_STATE, convert_sharded, newer_sharded, save_sharded  # noqa: F401
-from gpt.data import dataset_dir, read_meta
+from gpt.data import GPT2_VOCAB, dataset_dir, read_meta
+from gpt.data.tokenizer import folder_meta
 from gpt.optim import load_state
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
@@ -411,10 +412,11 @@ def load_weights(model, state_dict, path):
 
 def load_model(init_from, out_dir):
     """The model to sample or evaluate, and its dataset's metadata (None: GPT-2 BPE), from
-    init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder."""
+    init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder (its tokenizer.json's)."""
     if init_from != "resume":
+        meta = folder_meta(init_from)  # known (or refused) before the weights load
         if init_from.startswith("gpt2") or os.path.isdir(init_from):
-            return GPT.from_pretrained(init_from), None
+            return GPT.from_pretrained(init_from), meta
         raise UserError(f"unknown init_from '{init_from}': use resume, gpt2, gpt2-medium, gpt2-large, "
                         f"gpt2-xl or a folder written by transformers' save_pretrained")
     path, newer = os.path.join(out_dir, "ckpt.pt"), newer_sharded(out_dir)
@@ -442,7 +444,6 @@ def checkpoint_meta(ckpt, path):
     return meta
 
 
-GPT2_VOCAB = 50257  # GPT-2 BPE's tokens: a smaller vocabulary is a dataset's own
 # the types of the entries the code reads from a checkpoint (absent: None); nanoGPT's best_val_loss is a tensor
 ENTRIES = {"model": dict, "model_args": dict, "config": dict, "plan": dict, "dataset_meta": dict, "iter_num": int,
            "tokens": int, "skipped_steps": int, "log_position": int, "best_val_loss": (float, int, torch.Tensor),
