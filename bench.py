@@ -241,11 +241,10 @@ def bench_generate(B):
 
 
 def git_revision():
-    if os.environ.get('GIT_REVISION'):  # for copies of the tree without .git
-        return os.environ['GIT_REVISION']
-    try:
-        return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    try:  # GIT_REVISION: for copies of the tree without .git
+        return os.environ.get('GIT_REVISION') or subprocess.run(
+            ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except OSError:
         return None
 
@@ -256,12 +255,10 @@ if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
 for B in listed(batch_sizes):
-    r = bench_train(B)
-    results['train'].append(r)
+    results['train'].append(r := bench_train(B))
     print(f"train B={B}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s", flush=True)
 for B in listed(gen_batch_sizes):
-    r = bench_generate(B)
-    results['generate'].append(r)
+    results['generate'].append(r := bench_generate(B))
     print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)
 print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
       f"cuda_graph {cuda_graph}, git {results['git']}")

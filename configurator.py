@@ -182,15 +182,6 @@ def _run_config_file(path, config):
     return overrides
 
 
-def _comments(script):
-    """{setting: its comment} from the script's source."""
-    try:
-        with open(script, encoding="utf-8") as f:
-            return comments(f.read())
-    except OSError:
-        return {}
-
-
 # where --help sends a script's users: configuration.md describes every train.py setting (tests/test_docs.py
 # holds it to that); the other scripts' settings are their comments, with more on the page named
 DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", "export.py": "docs/export.md",
@@ -232,7 +223,11 @@ def apply(g, argv, *sections):
     notes = {k: v for k, v in g.get("__annotations__", {}).items() if isinstance(v, Setting) and k in g}
     if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)
         notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    docs = _comments(script)
+    try:  # a setting's documentation is the comment on its line
+        with open(script, encoding="utf-8") as f:
+            docs = comments(f.read())
+    except OSError:
+        docs = {}
     declared = {k: replace(s, default=g[k], doc=docs.get(k, s.doc)) for k, s in notes.items()}
     home = dict.fromkeys(declared, g)  # where a setting's value is written back: the globals, or a plain dict section
     for section in sections:

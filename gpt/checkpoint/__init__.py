@@ -478,9 +478,8 @@ def load_for_resume(out_dir, parallelism):
     weights once the model is sharded). fsdp reads either kind, ddp only ckpt.pt."""
     path, newer = os.path.join(out_dir, 'ckpt.pt'), newer_sharded(out_dir)
     if newer and parallelism != 'fsdp':
-        raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {newer}: resume with "
-                        f"--parallelism=fsdp, or make a ckpt.pt of it with `python convert_checkpoint.py "
-                        f"--out_dir={out_dir}`")
+        raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {newer}: resume with --parallelism=fsdp, "
+                        f"or make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
     older = sharded.sharded_checkpoint(out_dir) if not newer and parallelism == 'fsdp' else None
     if older and os.path.exists(path):
         print(f"note: resuming from {path}, newer than the sharded {older}")

@@ -300,6 +300,5 @@ def check_data_for_model(data_meta, init_from, resumed, data_label):
         how = f"`python data/shakespeare/prepare.py --tokenizer={tok} --out_dir=<a new folder>`"
     else:
         how = "the character-level dataset it was trained on (`python data/shakespeare_char/prepare.py`)"
-    raise UserError(f"{data_label} is tokenized with {describe(data_meta)}, but the model ({model_from}) "
-                    f"with {describe(model_meta)}: the ids would mean other tokens; prepare the data for this "
-                    f"model: {how}")
+    raise UserError(f"{data_label} is tokenized with {describe(data_meta)}, but the model ({model_from}) with "
+                    f"{describe(model_meta)}: the ids would mean other tokens; prepare the data for this model: {how}")

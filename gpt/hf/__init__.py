@@ -395,20 +395,16 @@ def read_weights(folder):
 
 # --- the rest of an exported folder: the model card, the check that it loads as ours (the tokenizer: tokenizer.py)
 
-def tokens_seen(ckpt):
-    """Training tokens of a train.py checkpoint (None where its config does not say)."""
-    cfg = ckpt.get('config', {})
-    try:
-        return int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
-            int(cfg['block_size'])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
     family = hf_config.model_type
-    dataset, tokens = ckpt.get('config', {}).get('dataset'), tokens_seen(ckpt)
+    cfg = ckpt.get('config', {})
+    try:  # training tokens (None where the config does not say)
+        tokens = int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
+            int(cfg['block_size'])
+    except (KeyError, TypeError, ValueError):
+        tokens = None
+    dataset = cfg.get('dataset')
     yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
             f'- "{family}"', '- "text-generation"']
     if dataset:
