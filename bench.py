@@ -21,7 +21,7 @@ import torch.profiler
 import configurator
 from gpt import generation, optim
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
-from gpt.data.loader import check_ids, check_split
+from gpt.data.loader import check_ids, check_split, to_device
 from gpt.optim import muon
 from gpt.runtime import errors, hardware, settings
 from gpt.runtime.files import atomic_write
@@ -143,9 +143,7 @@ def batches(B):
             xy = torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in ix]))
         else:
             xy = torch.randint(0, vocab_size, (B, block_size + 1), generator=g)
-        # pinned, so the copy does not wait for the GPU (a pageable one syncs every step)
-        xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
-        yield xy[:, :-1], xy[:, 1:]
+        yield to_device(torch.device(device), xy[:, :-1], xy[:, 1:])  # pinned on CUDA, as train.py's loaders
 
 
 def write_profile(B, step):

@@ -23,7 +23,6 @@ PLOTTED = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "train_loss", "val_
 
 
 def series(rows, kind, x, key, scale=1.0):
-    """(xs, ys) of one value of one kind of row, where it is not null."""
     points = [(r[x], r[key] * scale) for r in rows if r["kind"] == kind and r.get(key) is not None]
     return [p[0] for p in points], [p[1] for p in points]
 

@@ -192,6 +192,4 @@ def top_p_filter(logits, top_p):
 def until_eot(ids, eot, start):
     """A generated sequence up to its first end-of-text token after the prompt's `start` tokens (the eot
     itself left out); the whole sequence when eot is None or never comes."""
-    if eot is None or eot not in ids[start:]:
-        return ids
-    return ids[:ids.index(eot, start)]
+    return ids if eot is None or eot not in ids[start:] else ids[:ids.index(eot, start)]

@@ -401,7 +401,6 @@ def check_fits(config, state_dict, path):
 
 
 def load_weights(model, state_dict, path):
-    """Load a state dict into a model built from its config; a mismatch is a clear error."""
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:

@@ -18,7 +18,6 @@ from gpt.runtime.errors import UserError
 
 
 def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
-    """Validate a split's .bin file before training starts; return its path."""
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.exists(path):
         raise UserError(f"{path} not found: prepare the dataset first with `{prepare_hint}`")

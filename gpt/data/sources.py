@@ -29,7 +29,6 @@ def _fitting(ids, dtype):
 
 
 def write_tokens(path, ids, dtype="uint16"):
-    """Write token ids to a .bin file atomically, after checking every id fits the storage dtype."""
     ids = _fitting(ids, dtype)
     with atomic_write(path) as f:
         f.write(ids.astype(DTYPES[dtype]).tobytes())

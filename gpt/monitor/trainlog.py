@@ -251,7 +251,6 @@ def parse_rows(lines):
 
 
 def read_log(out_dir):
-    """All rows of a run's log."""
     path = os.path.join(out_dir, LOG_NAME)
     if not os.path.exists(path):
         return []

@@ -68,10 +68,8 @@ def resolve_dtype(dtype, device_type):
 
 
 def autocast(device_type, dtype):
-    """Mixed precision for the forward pass (weights stay float32); nothing to do for float32."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+    """Mixed precision for the forward pass (weights stay float32)."""
+    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 
 
 def for_generation(model, device_type, dtype):
@@ -111,7 +109,6 @@ def can_compile(compile, device_type, verbose=True):
 
 
 def maybe_compile(model, compile, device_type, **options):
-    """torch.compile the model (or function) unless it cannot work here; then say so and run eagerly."""
     if not can_compile(compile, device_type):
         return model
     print("compiling the model... (takes a ~minute)")
