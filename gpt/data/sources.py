@@ -3,6 +3,7 @@ What only the prepare scripts (data/*/prepare.py) use: the writers of the on-dis
 reads, their text sources (tiny Shakespeare's download, text files, local files and Hugging Face datasets
 through `datasets`), and the steps several scripts share (their options, the last lines they print).
 """
+import argparse
 import bz2
 import gzip
 import json
@@ -14,7 +15,7 @@ import urllib.request
 import numpy as np
 
 from gpt.data import DTYPES, SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_VERSIONS
-from gpt.runtime.errors import UserError
+from gpt.runtime.errors import UserError, install
 from gpt.runtime.files import atomic_write
 
 # --- writers
@@ -51,6 +52,12 @@ def write_shard(path, tokens, dtype="uint16"):
     with atomic_write(path) as f:
         f.write(header.tobytes())
         f.write(np.ascontiguousarray(tokens, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).data)
+
+
+def script_options(doc):
+    """A prepare script's argument parser, its docstring the description; from here on a mistake is one line."""
+    install()
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def make_out_dir(path):
