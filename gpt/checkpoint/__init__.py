@@ -301,8 +301,7 @@ def load_checkpoint(path):
     """Read a checkpoint onto the CPU, its checksums checked, refusing anything that is not plain data."""
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}: {where_else(path)}")
-    damage = checksum_failure(path)
-    if damage:
+    if damage := checksum_failure(path):
         raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
                         f"memory or copy error); {way_back(path)}")
     ckpt = safe_load(path)

@@ -167,8 +167,7 @@ class Claim:
                         break
                     os.remove(self.lock_path)  # also another folder's (a `cp -al` copy): this run makes its own
             os.close(fd)
-        previous = os.read(fd, 1000).decode(errors="replace").strip()
-        if previous:
+        if previous := os.read(fd, 1000).decode(errors="replace").strip():
             print(f"note: taking over {self.lock_path} from a run that ended without releasing it ({previous})")
         text = (f"PID {os.getpid()} on host {socket.gethostname()}, since "
                 f"{datetime.datetime.now().isoformat(timespec='seconds')}, run {uuid.uuid4().hex[:12]}\n").encode()

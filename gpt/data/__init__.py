@@ -207,8 +207,7 @@ def describe_dataset(data_dir, meta):
     """One line on what a dataset folder holds: each split's shards (or .bin file) and tokens, the vocabulary."""
     parts = []
     for split in ("train", "val"):
-        shards = list_shards(data_dir, split)
-        if shards:
+        if shards := list_shards(data_dir, split):
             n = sum(len(open_shard(path)) for path in shards)
             parts.append(f"{split} {len(shards)} shard{'s' * (len(shards) != 1)}, {n:,} tokens")
         elif os.path.isfile(os.path.join(data_dir, f"{split}.bin")):

@@ -58,8 +58,7 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
                 world_size=1, stream=0, prepare_hint="the dataset's prepare.py", micro_steps=1):
     """The batches of one split, its files checked first: a sharded dataset's shards in order, else random
     windows of train.bin / val.bin (micro_steps micro-batches of batch_size a step on each of world_size ranks)."""
-    shards = list_shards(data_dir, split)
-    if shards:
+    if shards := list_shards(data_dir, split):
         return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
     path = check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint)
     return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size, world_size,

@@ -172,8 +172,7 @@ def refused_fields(cfg):
 def to_hf(model):
     """(transformers config, state dict) for the model's family; a UserError for what transformers cannot
     express, before anything is written."""
-    refused = refused_fields(model.config)
-    if refused:
+    if refused := refused_fields(model.config):
         listed = ", ".join(f"{name}={value!r}" for name, value in refused.items())
         raise UserError(f"cannot export {listed}: transformers' GPT-2/Llama do not compute "
                         f"{'it' if len(refused) == 1 else 'them'} (sample.py and hellaswag.py run this checkpoint "
@@ -324,8 +323,7 @@ def load_pretrained(model_type, dropout=0.0):
         for logger, level in quiet.items():
             logger.setLevel(level)
     # a tensor no file holds would be drawn at random by transformers (the causal masks are not weights)
-    missing = sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias")))
-    if missing:
+    if missing := sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias"))):
         raise UserError(f"{folder}: its weight files lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
                         f": they are damaged or of another model")
     return (llama_from_hf if llama else gpt2_from_hf)(hf_model, dropout)

@@ -55,9 +55,7 @@ def resolve_device(device):
 def resolve_dtype(dtype, device_type):
     """'auto': bfloat16 on GPUs that have it, float16 on older GPUs, float32 on CPU and MPS."""
     if dtype == "auto":
-        if device_type == "cuda":
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        return "float32"
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
     if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -132,8 +130,7 @@ SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CP
 
 
 def warn_if_slow(seconds_per_step, steps_left, device_type):
-    warning = pace_warning(seconds_per_step, steps_left, device_type)
-    if warning:
+    if warning := pace_warning(seconds_per_step, steps_left, device_type):
         print(warning, flush=True)
 
 
