@@ -124,9 +124,8 @@ torch.set_float32_matmul_precision('high')
 hardware.attention_kernels(cudnn=cudnn_attention)
 torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
-model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, bias=bias, dropout=dropout,
-                         **{k: config[k] for k in GPTConfig.settings()})
+model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         bias=bias, dropout=dropout, **{k: config[k] for k in GPTConfig.settings()})
 
 
 def sync():
@@ -240,9 +239,8 @@ def bench_generate(B):
 
 def git_revision():
     try:  # GIT_REVISION: for copies of the tree without .git
-        return os.environ.get('GIT_REVISION') or subprocess.run(
-            ['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
-            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+        return os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
+            capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except OSError:
         return None
 

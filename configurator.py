@@ -90,16 +90,6 @@ class Config(dict):
         return last
 
 
-def overrides_said(config):
-    """nanoGPT's echo of the overrides, one line for each config file and one for the flags: the settings whose
-    value differs from the default, under the file or flag that gave it (the whole config: log.jsonl)."""
-    groups = {}
-    for key, source in config.set_by().items():
-        if config[key] != config.declared[key].default:
-            groups.setdefault(source, []).append(f"{key}={config[key]!r}")
-    return [f"config from {source}: " + " ".join(pairs) for source, pairs in groups.items()]
-
-
 class _Recording(dict):
     """A config file's scope that records the line that first assigns each name (module-level code stores its
     names through __setitem__ when the scope is not exactly a dict); through a nested exec(), the exec's line."""
@@ -261,6 +251,12 @@ def apply(g, argv, *sections):
     for key, where in home.items():
         where[key] = values[key]
     config = Config(values, {key for _, given in sources for key in given}, declared, sources)
-    for line in overrides_said(config):
-        print(line)
+    # nanoGPT's echo of the overrides, one line for each config file and one for the flags: the settings whose
+    # value differs from the default, under the file or flag that gave it (the whole config: log.jsonl)
+    groups = {}
+    for key, source in config.set_by().items():
+        if config[key] != config.declared[key].default:
+            groups.setdefault(source, []).append(f"{key}={config[key]!r}")
+    for source, pairs in groups.items():
+        print(f"config from {source}: " + " ".join(pairs))
     return config

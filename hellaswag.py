@@ -51,10 +51,8 @@ def main(argv):
 
     model, meta = load_model(s['init_from'], s['out_dir'])
     tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
-    model.to(device)
-    model = hardware.maybe_compile(model, s['compile'], device_type)
-    result = evaluate(model, examples, tokenizer, device, ctx, rank, world_size, s['batch_examples'],
-                      progress=True)
+    model = hardware.maybe_compile(model.to(device), s['compile'], device_type)
+    result = evaluate(model, examples, tokenizer, device, ctx, rank, world_size, s['batch_examples'], progress=True)
     if rank == 0:
         print(f"HellaSwag acc_norm: {result['acc_norm']:.4f}  acc: {result['acc']:.4f}  ({result['n']} examples)")
     if ddp:

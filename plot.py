@@ -139,8 +139,7 @@ def main(argv):
     )
     s = configurator.apply(settings, argv)
     output = check_output(s['output'] or os.path.join(s['out_dir'], 'curves.png'))
-    rows = training_rows(s['out_dir'])
-    fig = figure(rows, os.path.basename(os.path.abspath(s['out_dir'])))
+    fig = figure(training_rows(s['out_dir']), os.path.basename(os.path.abspath(s['out_dir'])))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         with atomic_write(output) as f:  # a link at output is replaced, never written through

@@ -192,9 +192,8 @@ class Claim:
             with open(self.lock_path, "rb") as f:
                 text = f.read(1000)
         except FileNotFoundError:  # removed by hand: harmless while the folder lock holds
-            return None if self.dir_fd is not None else (
-                f"{self.lock_path} was removed, so this run cannot tell whether another run has used "
-                f"{self.out_dir} since")
+            return None if self.dir_fd is not None else (f"{self.lock_path} was removed, so this run cannot tell "
+                                                         f"whether another run has used {self.out_dir} since")
         mine = os.fstat(self.lock_fd)
         if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino) or text != self.lock_text:
             return f"another run has claimed {self.out_dir} ({text.decode(errors='replace').strip() or 'unnamed'})"

@@ -129,11 +129,10 @@ class RandomWindows:
 
     def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
                  world_size=1, micro_steps=1):
-        self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
-        self.device, self.dtype = torch.device(device), dtype
+        self.path, self.batch_size, self.block_size, self.micro_steps = path, batch_size, block_size, micro_steps
+        self.device, self.dtype, self.world_size, self.vocab_size = torch.device(device), dtype, world_size, vocab_size
         self.file = TokenFile(path, lambda p: open_tokens(p, dtype))
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
-        self.world_size, self.micro_steps = world_size, micro_steps
         self.batches = 0  # micro-batches this rank has drawn so far
 
     def next_batch(self):
@@ -187,8 +186,7 @@ class SequentialShards:
         if not paths:
             raise UserError("no token shards given: prepare the dataset first (e.g. `python data/fineweb/prepare.py`)")
         self.paths, self.batch_size, self.block_size = list(paths), batch_size, block_size
-        self.device, self.rank, self.world_size = torch.device(device), rank, world_size
-        self.vocab_size = vocab_size
+        self.device, self.rank, self.world_size, self.vocab_size = torch.device(device), rank, world_size, vocab_size
         self.step = batch_size * block_size * world_size  # tokens all ranks consume together per batch
         self.shards, self.files = [], []  # (name, tokens) of each shard; os.stat of each when checked
         for path in self.paths:
@@ -229,8 +227,7 @@ class SequentialShards:
         buf = data[start:start + B * T + 1].astype(np.int64)
         check_ids(buf, self.vocab_size, self.paths[shard])
         buf = torch.from_numpy(buf)
-        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
-        return to_device(self.device, x, y)
+        return to_device(self.device, buf[:-1].view(B, T), buf[1:].view(B, T))
 
     def state_dict(self):
         # the position that draws the latest batch again, as RandomWindows' state does

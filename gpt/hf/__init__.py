@@ -150,15 +150,13 @@ def llama_to_hf(model):
     cfg = model.config
     if cfg.family != "llama":
         raise UserError(f"llama_to_hf needs a llama-family model, not family '{cfg.family}'")
-    config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head,
-                         head_dim=cfg.n_embd // cfg.n_head, rope_theta=cfg.rope_theta, attention_bias=cfg.bias,
-                         mlp_bias=cfg.bias)
+    config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head, rope_theta=cfg.rope_theta,
+                         head_dim=cfg.n_embd // cfg.n_head, attention_bias=cfg.bias, mlp_bias=cfg.bias)
     config.rope_theta = cfg.rope_theta  # transformers 5 keeps it in rope_parameters only; 4.x reads this one
     config.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}  # and 4.x keeps only that
     ours = model.state_dict()
-    state_dict = {name: tensor for key, parts in _key_map(cfg)
-                  for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts]))}
-    return config, state_dict
+    return config, {name: tensor for key, parts in _key_map(cfg)
+                    for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts]))}
 
 
 def refused_fields(cfg):
@@ -243,8 +241,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
                   if not k.endswith((".attn.masked_bias", ".attn.bias"))}  # causal-mask buffers, not weights
     if args["tie_embeddings"]:  # one tensor
         state_dict["lm_head.weight"] = state_dict["transformer.wte.weight"]
-    biases = [k for k in state_dict if k.endswith(".bias")]
-    args["bias"] = not all(torch.count_nonzero(state_dict[k]) == 0 for k in biases)
+    args["bias"] = not all(torch.count_nonzero(v) == 0 for k, v in state_dict.items() if k.endswith(".bias"))
     if not args["bias"]:
         state_dict = {k: v for k, v in state_dict.items() if not k.endswith(".bias")}
     return args, state_dict
@@ -256,8 +253,7 @@ def llama_from_hf(hf_model, dropout=0.0):
     theirs = hf_model.state_dict()
     if args["tie_embeddings"]:
         theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
-    state_dict = {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
-    return args, state_dict
+    return args, {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
 
 
 def check_folder(folder, field_types=None):
@@ -299,9 +295,8 @@ def load_pretrained(model_type, dropout=0.0):
     for logger in quiet:  # their warnings (the hub's retries, the load report) would come before our one line
         logger.setLevel(logging.ERROR)
     try:
-        folder = model_type
-        if not os.path.isdir(model_type):  # a hub name: its files from the cache, or downloaded
-            folder = hub_folder(model_type, cached_file)
+        # a hub name: its files from the cache, or downloaded
+        folder = model_type if os.path.isdir(model_type) else hub_folder(model_type, cached_file)
         check_folder(folder)
         try:
             config = AutoConfig.from_pretrained(folder)
@@ -395,8 +390,7 @@ def read_weights(folder):
 
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
-    family = hf_config.model_type
-    cfg = ckpt.get('config', {})
+    family, cfg = hf_config.model_type, ckpt.get('config', {})
     try:  # training tokens (None where the config does not say)
         tokens = int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
             int(cfg['block_size'])

@@ -34,16 +34,6 @@ def on_failure(callback):
     _failure_callbacks.append(callback)
 
 
-def _run_failure_callbacks():
-    while _failure_callbacks:
-        callback = _failure_callbacks.pop()  # last registered first, as atexit
-        try:
-            callback()
-        except Exception as e:  # putting back what it can must not hide the error that ended the run
-            print(f"note: could not undo what the run changed ({type(e).__name__}: {e})",
-                  file=_stderr(), flush=True)
-
-
 def _stderr():
     # the real stderr: torch.distributed wraps the hook and buffers sys.stderr while it runs, and the exit
     # below would skip printing that buffer
@@ -80,7 +70,12 @@ def _other_rank():
 
 
 def _excepthook(kind, value, tb):
-    _run_failure_callbacks()
+    while _failure_callbacks:  # on_failure's
+        callback = _failure_callbacks.pop()  # last registered first, as atexit
+        try:
+            callback()
+        except Exception as e:  # putting back what it can must not hide the error that ended the run
+            print(f"note: could not undo what the run changed ({type(e).__name__}: {e})", file=_stderr(), flush=True)
     if issubclass(kind, KeyboardInterrupt):  # Ctrl-C outside the training loop (which stops cleanly itself)
         print("interrupted (Ctrl-C)", file=_stderr(), flush=True)
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
