@@ -21,7 +21,7 @@ import torch.profiler
 import configurator
 from gpt import generation, optim
 from gpt.data import check_output_file, find_dataset, list_shards, open_shard, open_tokens
-from gpt.data.loader import check_ids, check_split
+from gpt.data.loader import check_ids, check_split, to_device
 from gpt.optim import muon
 from gpt.runtime import errors, hardware, settings
 from gpt.runtime.files import atomic_write
@@ -124,9 +124,8 @@ torch.set_float32_matmul_precision('high')
 hardware.attention_kernels(cudnn=cudnn_attention)
 torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
-model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head,
-                         n_embd=n_embd, bias=bias, dropout=dropout,
-                         **{k: config[k] for k in GPTConfig.settings()})
+model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         bias=bias, dropout=dropout, **{k: config[k] for k in GPTConfig.settings()})
 
 
 def sync():
@@ -143,9 +142,7 @@ def batches(B):
             xy = torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in ix]))
         else:
             xy = torch.randint(0, vocab_size, (B, block_size + 1), generator=g)
-        # pinned, so the copy does not wait for the GPU (a pageable one syncs every step)
-        xy = xy.pin_memory().to(device, non_blocking=True) if device_type == 'cuda' else xy.to(device)
-        yield xy[:, :-1], xy[:, 1:]
+        yield to_device(torch.device(device), xy[:, :-1], xy[:, 1:])  # pinned on CUDA, as train.py's loaders
 
 
 def write_profile(B, step):
@@ -241,11 +238,9 @@ def bench_generate(B):
 
 
 def git_revision():
-    if os.environ.get('GIT_REVISION'):  # for copies of the tree without .git
-        return os.environ['GIT_REVISION']
-    try:
-        return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    try:  # GIT_REVISION: for copies of the tree without .git
+        return os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
+            capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except OSError:
         return None
 
@@ -256,12 +251,10 @@ if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
 for B in listed(batch_sizes):
-    r = bench_train(B)
-    results['train'].append(r)
+    results['train'].append(r := bench_train(B))
     print(f"train B={B}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s", flush=True)
 for B in listed(gen_batch_sizes):
-    r = bench_generate(B)
-    results['generate'].append(r)
+    results['generate'].append(r := bench_generate(B))
     print(f"generate B={B}: {r['tokens_per_s']:,.0f} tok/s (CUDA graph: {r['cuda_graph']})", flush=True)
 print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
       f"cuda_graph {cuda_graph}, git {results['git']}")

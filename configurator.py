@@ -90,16 +90,6 @@ class Config(dict):
         return last
 
 
-def overrides_said(config):
-    """nanoGPT's echo of the overrides, one line for each config file and one for the flags: the settings whose
-    value differs from the default, under the file or flag that gave it (the whole config: log.jsonl)."""
-    groups = {}
-    for key, source in config.set_by().items():
-        if config[key] != config.declared[key].default:
-            groups.setdefault(source, []).append(f"{key}={config[key]!r}")
-    return [f"config from {source}: " + " ".join(pairs) for source, pairs in groups.items()]
-
-
 class _Recording(dict):
     """A config file's scope that records the line that first assigns each name (module-level code stores its
     names through __setitem__ when the scope is not exactly a dict); through a nested exec(), the exec's line."""
@@ -182,15 +172,6 @@ def _run_config_file(path, config):
     return overrides
 
 
-def _comments(script):
-    """{setting: its comment} from the script's source."""
-    try:
-        with open(script, encoding="utf-8") as f:
-            return comments(f.read())
-    except OSError:
-        return {}
-
-
 # where --help sends a script's users: configuration.md describes every train.py setting (tests/test_docs.py
 # holds it to that); the other scripts' settings are their comments, with more on the page named
 DOCS = {"train.py": "docs/configuration.md", "sample.py": "docs/generation.md", "export.py": "docs/export.md",
@@ -232,7 +213,11 @@ def apply(g, argv, *sections):
     notes = {k: v for k, v in g.get("__annotations__", {}).items() if isinstance(v, Setting) and k in g}
     if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)
         notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    docs = _comments(script)
+    try:  # a setting's documentation is the comment on its line
+        with open(script, encoding="utf-8") as f:
+            docs = comments(f.read())
+    except OSError:
+        docs = {}
     declared = {k: replace(s, default=g[k], doc=docs.get(k, s.doc)) for k, s in notes.items()}
     home = dict.fromkeys(declared, g)  # where a setting's value is written back: the globals, or a plain dict section
     for section in sections:
@@ -266,6 +251,12 @@ def apply(g, argv, *sections):
     for key, where in home.items():
         where[key] = values[key]
     config = Config(values, {key for _, given in sources for key in given}, declared, sources)
-    for line in overrides_said(config):
-        print(line)
+    # nanoGPT's echo of the overrides, one line for each config file and one for the flags: the settings whose
+    # value differs from the default, under the file or flag that gave it (the whole config: log.jsonl)
+    groups = {}
+    for key, source in config.set_by().items():
+        if config[key] != config.declared[key].default:
+            groups.setdefault(source, []).append(f"{key}={config[key]!r}")
+    for source, pairs in groups.items():
+        print(f"config from {source}: " + " ".join(pairs))
     return config

@@ -7,6 +7,7 @@ Served from 127.0.0.1 only; gpt/monitor/server.py says what it answers, and to w
 """
 import os
 import sys
+from contextlib import suppress
 
 import configurator
 from gpt.monitor.server import make_server, url
@@ -32,10 +33,8 @@ def main(argv):
         print(f"note: no {LOG_NAME} in {s['out_dir']} yet; the page fills in once the run writes it")
     server = make_server(s['out_dir'], s['port'], s['host'])
     print(f"dashboard for {s['out_dir']}: {url(server)} (Ctrl-C stops it)", flush=True)
-    try:
+    with suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

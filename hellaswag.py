@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import configurator
 from gpt.checkpoint import load_model
-from gpt.data.tokenizer import folder_meta, get_tokenizer
+from gpt.data.tokenizer import get_tokenizer
 from gpt.runtime import distributed, errors, hardware
 from gpt.runtime.settings import POSITIVE, Setting, at_least, check
 from gpt.training.hellaswag_eval import evaluate, load_examples
@@ -49,14 +49,10 @@ def main(argv):
     examples = distributed.rank_zero_first(lambda: load_examples(s['path'] or None))  # rank 0 downloads
     examples = examples[:s['limit'] or None]  # limit 0: all
 
-    # a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
-    folder = None if s['init_from'] == 'resume' else folder_meta(s['init_from'])
     model, meta = load_model(s['init_from'], s['out_dir'])
-    tokenizer = get_tokenizer(meta or folder)  # no metadata means GPT-2 BPE, as in nanoGPT
-    model.to(device)
-    model = hardware.maybe_compile(model, s['compile'], device_type)
-    result = evaluate(model, examples, tokenizer, device, ctx, rank, world_size, s['batch_examples'],
-                      progress=True)
+    tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
+    model = hardware.maybe_compile(model.to(device), s['compile'], device_type)
+    result = evaluate(model, examples, tokenizer, device, ctx, rank, world_size, s['batch_examples'], progress=True)
     if rank == 0:
         print(f"HellaSwag acc_norm: {result['acc_norm']:.4f}  acc: {result['acc']:.4f}  ({result['n']} examples)")
     if ddp:

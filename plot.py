@@ -23,7 +23,6 @@ PLOTTED = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "train_loss", "val_
 
 
 def series(rows, kind, x, key, scale=1.0):
-    """(xs, ys) of one value of one kind of row, where it is not null."""
     points = [(r[x], r[key] * scale) for r in rows if r["kind"] == kind and r.get(key) is not None]
     return [p[0] for p in points], [p[1] for p in points]
 
@@ -140,8 +139,7 @@ def main(argv):
     )
     s = configurator.apply(settings, argv)
     output = check_output(s['output'] or os.path.join(s['out_dir'], 'curves.png'))
-    rows = training_rows(s['out_dir'])
-    fig = figure(rows, os.path.basename(os.path.abspath(s['out_dir'])))
+    fig = figure(training_rows(s['out_dir']), os.path.basename(os.path.abspath(s['out_dir'])))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
         with atomic_write(output) as f:  # a link at output is replaced, never written through

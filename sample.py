@@ -16,7 +16,7 @@ from tqdm import tqdm
 import configurator
 from gpt import generation
 from gpt.checkpoint import load_model
-from gpt.data.tokenizer import folder_meta, get_tokenizer
+from gpt.data.tokenizer import get_tokenizer
 from gpt.runtime import hardware, settings
 from gpt.runtime.settings import NUCLEUS, POSITIVE, SEED, Setting, at_least, greedy
 from gpt.training.plan import check_init_folder
@@ -66,11 +66,8 @@ device = hardware.resolve_device(device)
 device_type = device.split(':')[0]
 dtype = hardware.resolve_dtype(dtype, device_type)
 
-# model, and the tokenizer of the data it was trained on
-# a transformers folder's own tokenizer.json, where it has one: known (or refused) before the weights load
-folder = None if init_from == 'resume' else folder_meta(init_from)
+# model, and the tokenizer of the data it was trained on (a transformers folder's own tokenizer.json)
 model, meta = load_model(init_from, out_dir)
-meta = meta or folder
 tokenizer = get_tokenizer(meta)  # no metadata means GPT-2 BPE, as in nanoGPT
 print(f"tokenizer: {tokenizer.name} ({tokenizer.vocab_size} tokens)")
 eot = tokenizer.eot if stop_at_eot else None

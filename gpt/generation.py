@@ -27,10 +27,9 @@ class KVCache:
         return self.new
 
     def update(self, layer, new):
-        """Write this layer's new keys and values (B, t, 2, n_kv_head, head_size) at their positions, in one
-        copy; return every slot's keys and values (B, n_kv_head, capacity, head_size), and the mask to attend
-        with: 0 where visible and -inf elsewhere, what SDPA would make of a boolean mask in each layer, made
-        here once per forward."""
+        """Write this layer's new keys and values (B, t, 2, n_kv_head, head_size) at their positions, in one copy;
+        return every slot's keys and values (B, n_kv_head, capacity, head_size), and the mask to attend with: 0 where
+        visible and -inf elsewhere, what SDPA would make of a boolean mask in each layer, made here once per forward."""
         if self.kv[layer] is None:
             # zeros, not empty: masked slots still enter the product (with weight 0), and 0 * NaN is NaN
             self.kv[layer] = new.new_zeros((new.size(0), self.capacity, *new.shape[2:]))
@@ -192,6 +191,4 @@ def top_p_filter(logits, top_p):
 def until_eot(ids, eot, start):
     """A generated sequence up to its first end-of-text token after the prompt's `start` tokens (the eot
     itself left out); the whole sequence when eot is None or never comes."""
-    if eot is None or eot not in ids[start:]:
-        return ids
-    return ids[:ids.index(eot, start)]
+    return ids if eot is None or eot not in ids[start:] else ids[:ids.index(eot, start)]

@@ -14,7 +14,6 @@ in llm.c's format (datafiles.write_shard). The first shard is val, the rest trai
 Re-running keeps every shard that already holds its tokens, so an interrupted run is finished by starting
 it again (data/fineweb/readme.md).
 """
-import argparse
 import multiprocessing
 import os
 import sys
@@ -25,7 +24,6 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt.data import open_shard, read_meta, sources
 from gpt.data.tokenizer import gpt2_encoding
-from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,25 +48,19 @@ def shard_path(out_dir, index):
     return os.path.join(out_dir, f"fineweb_{split}_{index:06d}.bin")
 
 
-def holds(path, tokens):
-    """Whether the shard at path is complete and holds exactly these tokens (then it need not be rewritten)."""
-    try:
-        old = open_shard(path)
-    except UserError:  # missing, truncated or foreign: (re)write it
-        return False
-    return np.array_equal(old, tokens)
-
-
 def save(path, tokens):
-    kept = holds(path, tokens)
+    """Write the shard, unless the one at path is complete and holds exactly these tokens already."""
+    try:
+        kept = np.array_equal(open_shard(path), tokens)
+    except UserError:  # missing, truncated or foreign: (re)write it
+        kept = False
     if not kept:
         sources.write_shard(path, tokens, "uint16")  # atomic: a temporary name, renamed when complete
     print(f"{os.path.basename(path)}: {len(tokens):,} tokens ({'unchanged' if kept else 'written'})")
 
 
 def main():
-    errors.install()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sources.script_options(__doc__)
     sources.add_document_options(parser, "HuggingFaceFW/fineweb-edu")
     parser.add_argument("--subset", default="sample-10BT", help="the hub dataset's subset (config name)")
     parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard")

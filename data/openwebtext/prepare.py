@@ -9,7 +9,6 @@ Prepare OpenWebText (or any text dataset) for GPT-2 training: GPT-2 BPE tokens, 
 A .txt file is one document; jsonl/json/parquet rows are documents, their text in --text_column.
 --tokenizer replaces GPT-2's BPE (data/openwebtext/readme.md).
 """
-import argparse
 import math
 import multiprocessing
 import os
@@ -21,12 +20,10 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt.data import DTYPES, sources
 from gpt.data.tokenizer import dataset_tokenizer, get_tokenizer, gpt2_encoding, hf_tokenizer_file
-from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
 
-errors.install()
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = sources.script_options(__doc__)
 sources.add_document_options(parser, "Skylion007/openwebtext", ("--local", "--input"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 parser.add_argument("--out_dir", default=HERE)
@@ -84,10 +81,6 @@ def process(example):
     return {"ids": ids, "len": len(ids)}
 
 
-def say_skipped(lengths):
-    sources.say_skipped(int((np.asarray(lengths) == 0).sum()), args.text_column)
-
-
 def encode_text(text):
     return np.asarray(process({args.text_column: text})["ids"], dtype=DTYPES[meta["dtype"]])
 
@@ -108,7 +101,7 @@ if args.streaming:
     # datasets' train_test_split is rng(seed).permutation(n), its first ceil(n * val_fraction) being val
     tmp_train = os.path.join(args.out_dir, "documents.tmp")
     lengths = stream_tokens(dataset, tmp_train)
-    say_skipped(lengths)
+    sources.say_skipped(int((lengths == 0).sum()), args.text_column)
     streamed = {"train": (tmp_train, lengths)}
     if given_val is not None:
         tmp_val = os.path.join(args.out_dir, "val_documents.tmp")
@@ -138,7 +131,7 @@ else:
                                   desc="tokenizing the splits", num_proc=args.num_proc)
     # concatenate all the ids in each dataset into one large file we can use for training
     lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
-    say_skipped(np.concatenate(list(lengths.values())))
+    sources.say_skipped(int(sum((lens == 0).sum() for lens in lengths.values())), args.text_column)
     for split, dset in tokenized.items():
         filename = os.path.join(args.out_dir, f"{split}.bin")
         with atomic_write(filename) as f:

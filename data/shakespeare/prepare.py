@@ -7,18 +7,15 @@ vocabularies up to 65,536, else uint32) and meta.json (plus tokenizer.json for t
     python data/shakespeare/prepare.py --tokenizer=train --vocab_size=4096 --out_dir data/shakespeare_bpe
     python data/shakespeare/prepare.py --tokenizer=path/to/tokenizer.json --out_dir data/shakespeare_mytok
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data.sources import make_out_dir, say_next, tiny_shakespeare, write_splits
+from gpt.data.sources import make_out_dir, say_next, script_options, tiny_shakespeare, write_splits
 from gpt.data.tokenizer import dataset_tokenizer
-from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
-errors.install()
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = script_options(__doc__)
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
 HERE = os.path.dirname(os.path.abspath(__file__))
 parser.add_argument("--out_dir", default=HERE)

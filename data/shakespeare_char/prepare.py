@@ -4,18 +4,15 @@ token. Writes train.bin and val.bin (uint16 token ids) and meta.json (the charac
 
     python data/shakespeare_char/prepare.py [--input input.txt] [--out_dir data/shakespeare_char]
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
-from gpt.data.sources import make_out_dir, say_next, tiny_shakespeare, write_splits
+from gpt.data.sources import make_out_dir, say_next, script_options, tiny_shakespeare, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta
-from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
-errors.install()
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = script_options(__doc__)
 parser.add_argument("--input", help="local text file (default: <out_dir>/input.txt, downloaded if missing)")
 HERE = os.path.dirname(os.path.abspath(__file__))
 parser.add_argument("--out_dir", default=HERE)

@@ -59,9 +59,8 @@ def main(argv=None):
     parser.add_argument("--input", nargs="+", help="text files and/or folders of text files")
     parser.add_argument("--name", help="the dataset's name: writes data/<name>/, trained with --dataset=<name>")
     parser.add_argument("--out_dir", help="write here instead of data/<name>/ (then train with --data_dir)")
-    parser.add_argument("--tokenizer", default="char",
-                        help="char (default), gpt2, train (a byte-level BPE trained on this text), "
-                             "or the path of a tokenizers JSON file")
+    parser.add_argument("--tokenizer", default="char", help="char (default), gpt2, train (a byte-level BPE trained on "
+                        "this text), or the path of a tokenizers JSON file")
     parser.add_argument("--vocab_size", type=int, default=4096, help="vocabulary of --tokenizer=train")
     parser.add_argument("--encoding", default="utf-8", help="the files' text encoding (e.g. latin-1)")
     parser.add_argument("--errors", default="strict", choices=("strict", "replace"),
@@ -118,8 +117,7 @@ def main(argv=None):
         raise UserError(f"the text is {len(ids):,} tokens, too few for block_size={args.block_size} (train and "
                         f"val need {args.block_size + 1} each, {need} in all): add text, or pass a smaller "
                         f"--block_size and train with the same --block_size")
-    n_val = max(int(len(ids) * args.val_fraction), args.block_size + 1)
-    n_val = min(n_val, len(ids) - (args.block_size + 1))
+    n_val = min(max(int(len(ids) * args.val_fraction), args.block_size + 1), len(ids) - (args.block_size + 1))
     train_ids, val_ids = ids[:-n_val], ids[-n_val:]
 
     make_out_dir(out_dir)

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from gpt.checkpoint import rundir, sharded
 from gpt.checkpoint.sharded import DCP_DIR, TRAIN_STATE, convert_sharded, newer_sharded, save_sharded  # noqa: F401
-from gpt.data import dataset_dir, read_meta
+from gpt.data import GPT2_VOCAB, dataset_dir, read_meta
+from gpt.data.tokenizer import folder_meta
 from gpt.optim import load_state
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write
@@ -300,8 +301,7 @@ def load_checkpoint(path):
     """Read a checkpoint onto the CPU, its checksums checked, refusing anything that is not plain data."""
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}: {where_else(path)}")
-    damage = checksum_failure(path)
-    if damage:
+    if damage := checksum_failure(path):
         raise UserError(f"{path} is corrupted: {damage}, so its contents are not what was saved (a disk, "
                         f"memory or copy error); {way_back(path)}")
     ckpt = safe_load(path)
@@ -400,7 +400,6 @@ def check_fits(config, state_dict, path):
 
 
 def load_weights(model, state_dict, path):
-    """Load a state dict into a model built from its config; a mismatch is a clear error."""
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:
@@ -411,10 +410,11 @@ def load_weights(model, state_dict, path):
 
 def load_model(init_from, out_dir):
     """The model to sample or evaluate, and its dataset's metadata (None: GPT-2 BPE), from
-    init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder."""
+    init_from='resume' (out_dir/ckpt.pt), a GPT-2 name, or a transformers folder (its tokenizer.json's)."""
     if init_from != "resume":
+        meta = folder_meta(init_from)  # known (or refused) before the weights load
         if init_from.startswith("gpt2") or os.path.isdir(init_from):
-            return GPT.from_pretrained(init_from), None
+            return GPT.from_pretrained(init_from), meta
         raise UserError(f"unknown init_from '{init_from}': use resume, gpt2, gpt2-medium, gpt2-large, "
                         f"gpt2-xl or a folder written by transformers' save_pretrained")
     path, newer = os.path.join(out_dir, "ckpt.pt"), newer_sharded(out_dir)
@@ -442,7 +442,6 @@ def checkpoint_meta(ckpt, path):
     return meta
 
 
-GPT2_VOCAB = 50257  # GPT-2 BPE's tokens: a smaller vocabulary is a dataset's own
 # the types of the entries the code reads from a checkpoint (absent: None); nanoGPT's best_val_loss is a tensor
 ENTRIES = {"model": dict, "model_args": dict, "config": dict, "plan": dict, "dataset_meta": dict, "iter_num": int,
            "tokens": int, "skipped_steps": int, "log_position": int, "best_val_loss": (float, int, torch.Tensor),
@@ -477,9 +476,8 @@ def load_for_resume(out_dir, parallelism):
     weights once the model is sharded). fsdp reads either kind, ddp only ckpt.pt."""
     path, newer = os.path.join(out_dir, 'ckpt.pt'), newer_sharded(out_dir)
     if newer and parallelism != 'fsdp':
-        raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {newer}: resume with "
-                        f"--parallelism=fsdp, or make a ckpt.pt of it with `python convert_checkpoint.py "
-                        f"--out_dir={out_dir}`")
+        raise UserError(f"{out_dir}'s newest checkpoint is the sharded (fsdp) {newer}: resume with --parallelism=fsdp, "
+                        f"or make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
     older = sharded.sharded_checkpoint(out_dir) if not newer and parallelism == 'fsdp' else None
     if older and os.path.exists(path):
         print(f"note: resuming from {path}, newer than the sharded {older}")

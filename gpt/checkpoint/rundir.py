@@ -167,8 +167,7 @@ class Claim:
                         break
                     os.remove(self.lock_path)  # also another folder's (a `cp -al` copy): this run makes its own
             os.close(fd)
-        previous = os.read(fd, 1000).decode(errors="replace").strip()
-        if previous:
+        if previous := os.read(fd, 1000).decode(errors="replace").strip():
             print(f"note: taking over {self.lock_path} from a run that ended without releasing it ({previous})")
         text = (f"PID {os.getpid()} on host {socket.gethostname()}, since "
                 f"{datetime.datetime.now().isoformat(timespec='seconds')}, run {uuid.uuid4().hex[:12]}\n").encode()
@@ -193,9 +192,8 @@ class Claim:
             with open(self.lock_path, "rb") as f:
                 text = f.read(1000)
         except FileNotFoundError:  # removed by hand: harmless while the folder lock holds
-            return None if self.dir_fd is not None else (
-                f"{self.lock_path} was removed, so this run cannot tell whether another run has used "
-                f"{self.out_dir} since")
+            return None if self.dir_fd is not None else (f"{self.lock_path} was removed, so this run cannot tell "
+                                                         f"whether another run has used {self.out_dir} since")
         mine = os.fstat(self.lock_fd)
         if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino) or text != self.lock_text:
             return f"another run has claimed {self.out_dir} ({text.decode(errors='replace').strip() or 'unnamed'})"

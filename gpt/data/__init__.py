@@ -40,17 +40,17 @@ def check_readable(path, what="token file"):
 
 def read_meta(data_dir):
     """The dataset's metadata as a dict, or None when it has none (then it is GPT-2 BPE, as in nanoGPT)."""
-    path = os.path.join(data_dir, "meta.json")
-    if os.path.exists(path):
-        check_readable(path, "metadata file")
+    path = next((p for p in (os.path.join(data_dir, f) for f in ("meta.json", "meta.pkl")) if os.path.exists(p)), None)
+    if path is None:
+        return None
+    check_readable(path, "metadata file")
+    if path.endswith(".json"):
         try:
             with open(path, encoding="utf-8") as f:
                 meta = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py")
-    elif os.path.exists(os.path.join(data_dir, "meta.pkl")):
-        path = os.path.join(data_dir, "meta.pkl")
-        check_readable(path, "metadata file")
+    else:
         try:
             with open(path, "rb") as f:
                 meta = _PlainDataUnpickler(f).load()
@@ -58,8 +58,6 @@ def read_meta(data_dir):
             raise UserError(f"{path} could not be read as plain data ({e}); re-run the dataset's prepare.py")
         if isinstance(meta, dict) and "itos" in meta:
             meta = nanogpt_char_meta(meta, path)
-    else:
-        return None
     if not isinstance(meta, dict):
         raise UserError(f"{path} holds a {type(meta).__name__}, not a dict of metadata; "
                         f"re-run the dataset's prepare.py")
@@ -209,8 +207,7 @@ def describe_dataset(data_dir, meta):
     """One line on what a dataset folder holds: each split's shards (or .bin file) and tokens, the vocabulary."""
     parts = []
     for split in ("train", "val"):
-        shards = list_shards(data_dir, split)
-        if shards:
+        if shards := list_shards(data_dir, split):
             n = sum(len(open_shard(path)) for path in shards)
             parts.append(f"{split} {len(shards)} shard{'s' * (len(shards) != 1)}, {n:,} tokens")
         elif os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
@@ -218,12 +215,6 @@ def describe_dataset(data_dir, meta):
             parts.append(f"{split}.bin {os.path.getsize(os.path.join(data_dir, f'{split}.bin')) // itemsize:,} tokens")
     vocab = f", vocab_size {meta['vocab_size']:,} ({meta['tokenizer']})" if meta else ", GPT-2 BPE (no meta.json)"
     return f"data: {'; '.join(parts) or 'no token files'} in {data_dir}{vocab}"
-
-
-def prepare_choices():
-    """The datasets with a data/*/prepare.py beside train.py (none for an installed package)."""
-    scripts = glob.glob(os.path.join(glob.escape(REPO), "data", "*", "prepare.py"))
-    return sorted(os.path.basename(os.path.dirname(path)) for path in scripts if os.path.isfile(path))
 
 
 # datasets built by a developer tool instead of a data/<dataset>/prepare.py: the speedrun's measurement corpus
@@ -236,7 +227,9 @@ def prepare_hint(dataset):
         return f"python data/{dataset}/prepare.py"
     if dataset in DEV_BUILDERS and os.path.isfile(os.path.join(REPO, DEV_BUILDERS[dataset])):
         return f"python {DEV_BUILDERS[dataset]}"
-    choices = prepare_choices()
+    # the datasets with a data/*/prepare.py beside train.py (none for an installed package)
+    scripts = glob.glob(os.path.join(glob.escape(REPO), "data", "*", "prepare.py"))
+    choices = sorted(os.path.basename(os.path.dirname(path)) for path in scripts if os.path.isfile(path))
     if not choices:
         return "the prepare.py of a dataset in the checkout's data/ folder"
     return f"python data/<{'|'.join(choices)}>/prepare.py"

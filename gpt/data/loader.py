@@ -18,7 +18,6 @@ from gpt.runtime.errors import UserError
 
 
 def check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint):
-    """Validate a split's .bin file before training starts; return its path."""
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.exists(path):
         raise UserError(f"{path} not found: prepare the dataset first with `{prepare_hint}`")
@@ -59,8 +58,7 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
                 world_size=1, stream=0, prepare_hint="the dataset's prepare.py", micro_steps=1):
     """The batches of one split, its files checked first: a sharded dataset's shards in order, else random
     windows of train.bin / val.bin (micro_steps micro-batches of batch_size a step on each of world_size ranks)."""
-    shards = list_shards(data_dir, split)
-    if shards:
+    if shards := list_shards(data_dir, split):
         return SequentialShards(shards, batch_size, block_size, device, rank, world_size, vocab_size)
     path = check_split(data_dir, split, block_size, vocab_size, dtype, prepare_hint)
     return RandomWindows(path, batch_size, block_size, device, dtype, seed, rank, stream, vocab_size, world_size,
@@ -131,11 +129,10 @@ class RandomWindows:
 
     def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
                  world_size=1, micro_steps=1):
-        self.path, self.batch_size, self.block_size, self.vocab_size = path, batch_size, block_size, vocab_size
-        self.device, self.dtype = torch.device(device), dtype
+        self.path, self.batch_size, self.block_size, self.micro_steps = path, batch_size, block_size, micro_steps
+        self.device, self.dtype, self.world_size, self.vocab_size = torch.device(device), dtype, world_size, vocab_size
         self.file = TokenFile(path, lambda p: open_tokens(p, dtype))
         self.seed, self.rank, self.stream = seed, rank, stream  # stream: 0 for training, others for evaluation
-        self.world_size, self.micro_steps = world_size, micro_steps
         self.batches = 0  # micro-batches this rank has drawn so far
 
     def next_batch(self):
@@ -189,8 +186,7 @@ class SequentialShards:
         if not paths:
             raise UserError("no token shards given: prepare the dataset first (e.g. `python data/fineweb/prepare.py`)")
         self.paths, self.batch_size, self.block_size = list(paths), batch_size, block_size
-        self.device, self.rank, self.world_size = torch.device(device), rank, world_size
-        self.vocab_size = vocab_size
+        self.device, self.rank, self.world_size, self.vocab_size = torch.device(device), rank, world_size, vocab_size
         self.step = batch_size * block_size * world_size  # tokens all ranks consume together per batch
         self.shards, self.files = [], []  # (name, tokens) of each shard; os.stat of each when checked
         for path in self.paths:
@@ -231,8 +227,7 @@ class SequentialShards:
         buf = data[start:start + B * T + 1].astype(np.int64)
         check_ids(buf, self.vocab_size, self.paths[shard])
         buf = torch.from_numpy(buf)
-        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
-        return to_device(self.device, x, y)
+        return to_device(self.device, buf[:-1].view(B, T), buf[1:].view(B, T))
 
     def state_dict(self):
         # the position that draws the latest batch again, as RandomWindows' state does

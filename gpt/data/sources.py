@@ -3,6 +3,7 @@ What only the prepare scripts (data/*/prepare.py) use: the writers of the on-dis
 reads, their text sources (tiny Shakespeare's download, text files, local files and Hugging Face datasets
 through `datasets`), and the steps several scripts share (their options, the last lines they print).
 """
+import argparse
 import bz2
 import gzip
 import json
@@ -14,7 +15,7 @@ import urllib.request
 import numpy as np
 
 from gpt.data import DTYPES, SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_VERSIONS
-from gpt.runtime.errors import UserError
+from gpt.runtime.errors import UserError, install
 from gpt.runtime.files import atomic_write
 
 # --- writers
@@ -29,7 +30,6 @@ def _fitting(ids, dtype):
 
 
 def write_tokens(path, ids, dtype="uint16"):
-    """Write token ids to a .bin file atomically, after checking every id fits the storage dtype."""
     ids = _fitting(ids, dtype)
     with atomic_write(path) as f:
         f.write(ids.astype(DTYPES[dtype]).tobytes())
@@ -46,12 +46,16 @@ def write_shard(path, tokens, dtype="uint16"):
     if tokens.size >= 2**31:
         raise ValueError(f"{tokens.size} tokens do not fit one shard (the header's count is an int32)")
     header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
-    header[0] = SHARD_MAGIC
-    header[1] = {v: k for k, v in SHARD_VERSIONS.items()}[dtype]
-    header[2] = tokens.size
+    header[:3] = SHARD_MAGIC, {v: k for k, v in SHARD_VERSIONS.items()}[dtype], tokens.size
     with atomic_write(path) as f:
         f.write(header.tobytes())
         f.write(np.ascontiguousarray(tokens, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<")).data)
+
+
+def script_options(doc):
+    """A prepare script's argument parser, its docstring the description; from here on a mistake is one line."""
+    install()
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def make_out_dir(path):
@@ -142,9 +146,8 @@ def add_document_options(parser, dataset, local_flags=("--local",)):
     parser.add_argument("--dataset", default=dataset, help="HF hub dataset id (its 'train' split)")
     parser.add_argument(*local_flags, dest="local", help="local file or folder to read instead of the hub")
     parser.add_argument("--text_column", default="text")
-    parser.add_argument("--streaming", action="store_true",
-                        help="read the documents as they download instead of caching the whole dataset first "
-                             "(the same output: documents are taken in order either way)")
+    parser.add_argument("--streaming", action="store_true", help="read the documents as they download instead of "
+                        "caching the whole dataset first (the same output: documents are taken in order either way)")
     parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                         help="worker processes for loading and tokenizing (a good number is about half your cores)")
 
@@ -209,8 +212,7 @@ def load_local_splits(path, num_proc=1, streaming=False):
         if streaming:  # already on disk: streaming saves nothing, but the caller reads it the same way
             ds, val = ds.to_iterable_dataset(), val and val.to_iterable_dataset()
         return ds, val
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if _kind(f))
+    files = [path] if os.path.isfile(path) else sorted(os.path.join(path, f) for f in os.listdir(path) if _kind(f))
     kinds = {_kind(f) for f in files}
     if not files or None in kinds or len(kinds) > 1:
         raise UserError(f"--local {path}: expected one kind of {'/'.join(LOCAL_BUILDERS)} files (or those "

@@ -42,8 +42,7 @@ def _load_ranks(path):
 @functools.lru_cache(maxsize=None)
 def gpt2_encoding():
     """GPT-2's BPE as a tiktoken.Encoding: from $GPT2_TIKTOKEN_FILE if set, else tiktoken's download."""
-    path = os.environ.get("GPT2_TIKTOKEN_FILE")
-    if path:
+    if path := os.environ.get("GPT2_TIKTOKEN_FILE"):
         return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=_load_ranks(path),
                                  special_tokens={"<|endoftext|>": GPT2_EOT})
     try:
@@ -129,18 +128,15 @@ def _hf_vocab_size(hf):
 
 def get_tokenizer(meta):
     """The tokenizer for a dataset's meta dict (from gpt.data.read_meta); None means GPT-2 BPE, as in nanoGPT."""
-    name = (meta or {}).get("tokenizer", "gpt2")
-    if name == "gpt2":
-        return Tokenizer("gpt2")
-    if name == "char":
-        if not isinstance(meta.get("itos"), list):
-            raise UserError("meta.json says tokenizer 'char' but has no 'itos' list; re-run the dataset's prepare.py")
-        return Tokenizer("char", meta["itos"])
-    if name == "hf":
-        if not isinstance(meta.get("tokenizer_json"), str):
-            raise UserError("meta says tokenizer 'hf' but holds no tokenizer_json (read it with gpt.data.read_meta)")
-        return Tokenizer("hf", tokenizer_json=meta["tokenizer_json"], eot=meta.get("eot"))
-    raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2, hf)")
+    meta = meta or {}
+    name = meta.get("tokenizer", "gpt2")
+    if name not in ("char", "gpt2", "hf"):
+        raise UserError(f"meta.json names unknown tokenizer {name!r} (known: char, gpt2, hf)")
+    if name == "char" and not isinstance(meta.get("itos"), list):
+        raise UserError("meta.json says tokenizer 'char' but has no 'itos' list; re-run the dataset's prepare.py")
+    if name == "hf" and not isinstance(meta.get("tokenizer_json"), str):
+        raise UserError("meta says tokenizer 'hf' but holds no tokenizer_json (read it with gpt.data.read_meta)")
+    return Tokenizer(name, meta.get("itos"), meta.get("tokenizer_json"), meta.get("eot"))
 
 
 def dtype_for_vocab(vocab_size):
@@ -300,6 +296,5 @@ def check_data_for_model(data_meta, init_from, resumed, data_label):
         how = f"`python data/shakespeare/prepare.py --tokenizer={tok} --out_dir=<a new folder>`"
     else:
         how = "the character-level dataset it was trained on (`python data/shakespeare_char/prepare.py`)"
-    raise UserError(f"{data_label} is tokenized with {describe(data_meta)}, but the model ({model_from}) "
-                    f"with {describe(model_meta)}: the ids would mean other tokens; prepare the data for this "
-                    f"model: {how}")
+    raise UserError(f"{data_label} is tokenized with {describe(data_meta)}, but the model ({model_from}) with "
+                    f"{describe(model_meta)}: the ids would mean other tokens; prepare the data for this model: {how}")

@@ -150,15 +150,13 @@ def llama_to_hf(model):
     cfg = model.config
     if cfg.family != "llama":
         raise UserError(f"llama_to_hf needs a llama-family model, not family '{cfg.family}'")
-    config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head,
-                         head_dim=cfg.n_embd // cfg.n_head, rope_theta=cfg.rope_theta, attention_bias=cfg.bias,
-                         mlp_bias=cfg.bias)
+    config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head, rope_theta=cfg.rope_theta,
+                         head_dim=cfg.n_embd // cfg.n_head, attention_bias=cfg.bias, mlp_bias=cfg.bias)
     config.rope_theta = cfg.rope_theta  # transformers 5 keeps it in rope_parameters only; 4.x reads this one
     config.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_theta}  # and 4.x keeps only that
     ours = model.state_dict()
-    state_dict = {name: tensor for key, parts in _key_map(cfg)
-                  for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts]))}
-    return config, state_dict
+    return config, {name: tensor for key, parts in _key_map(cfg)
+                    for (name, _), tensor in zip(parts, ours[key].split([n for _, n in parts]))}
 
 
 def refused_fields(cfg):
@@ -172,8 +170,7 @@ def refused_fields(cfg):
 def to_hf(model):
     """(transformers config, state dict) for the model's family; a UserError for what transformers cannot
     express, before anything is written."""
-    refused = refused_fields(model.config)
-    if refused:
+    if refused := refused_fields(model.config):
         listed = ", ".join(f"{name}={value!r}" for name, value in refused.items())
         raise UserError(f"cannot export {listed}: transformers' GPT-2/Llama do not compute "
                         f"{'it' if len(refused) == 1 else 'them'} (sample.py and hellaswag.py run this checkpoint "
@@ -244,8 +241,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
                   if not k.endswith((".attn.masked_bias", ".attn.bias"))}  # causal-mask buffers, not weights
     if args["tie_embeddings"]:  # one tensor
         state_dict["lm_head.weight"] = state_dict["transformer.wte.weight"]
-    biases = [k for k in state_dict if k.endswith(".bias")]
-    args["bias"] = not all(torch.count_nonzero(state_dict[k]) == 0 for k in biases)
+    args["bias"] = not all(torch.count_nonzero(v) == 0 for k, v in state_dict.items() if k.endswith(".bias"))
     if not args["bias"]:
         state_dict = {k: v for k, v in state_dict.items() if not k.endswith(".bias")}
     return args, state_dict
@@ -257,8 +253,7 @@ def llama_from_hf(hf_model, dropout=0.0):
     theirs = hf_model.state_dict()
     if args["tie_embeddings"]:
         theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
-    state_dict = {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
-    return args, state_dict
+    return args, {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
 
 
 def check_folder(folder, field_types=None):
@@ -300,9 +295,8 @@ def load_pretrained(model_type, dropout=0.0):
     for logger in quiet:  # their warnings (the hub's retries, the load report) would come before our one line
         logger.setLevel(logging.ERROR)
     try:
-        folder = model_type
-        if not os.path.isdir(model_type):  # a hub name: its files from the cache, or downloaded
-            folder = hub_folder(model_type, cached_file)
+        # a hub name: its files from the cache, or downloaded
+        folder = model_type if os.path.isdir(model_type) else hub_folder(model_type, cached_file)
         check_folder(folder)
         try:
             config = AutoConfig.from_pretrained(folder)
@@ -324,8 +318,7 @@ def load_pretrained(model_type, dropout=0.0):
         for logger, level in quiet.items():
             logger.setLevel(level)
     # a tensor no file holds would be drawn at random by transformers (the causal masks are not weights)
-    missing = sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias")))
-    if missing:
+    if missing := sorted(k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias"))):
         raise UserError(f"{folder}: its weight files lack {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
                         f": they are damaged or of another model")
     return (llama_from_hf if llama else gpt2_from_hf)(hf_model, dropout)
@@ -395,20 +388,15 @@ def read_weights(folder):
 
 # --- the rest of an exported folder: the model card, the check that it loads as ours (the tokenizer: tokenizer.py)
 
-def tokens_seen(ckpt):
-    """Training tokens of a train.py checkpoint (None where its config does not say)."""
-    cfg = ckpt.get('config', {})
-    try:
-        return int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
-            int(cfg['block_size'])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
-    family = hf_config.model_type
-    dataset, tokens = ckpt.get('config', {}).get('dataset'), tokens_seen(ckpt)
+    family, cfg = hf_config.model_type, ckpt.get('config', {})
+    try:  # training tokens (None where the config does not say)
+        tokens = int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
+            int(cfg['block_size'])
+    except (KeyError, TypeError, ValueError):
+        tokens = None
+    dataset = cfg.get('dataset')
     yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
             f'- "{family}"', '- "text-generation"']
     if dataset:

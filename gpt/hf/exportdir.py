@@ -137,8 +137,7 @@ def writing(export_dir):
     missing parents made), which replaces export_dir, MARKER added, when the block ends without an error. On an
     error it is removed, with the parents made for it; a failure to write is one UserError line."""
     path = os.path.abspath(export_dir)
-    parent = os.path.dirname(path)
-    made, folder = [], None
+    parent, made, folder = os.path.dirname(path), [], None
     try:
         while not os.path.lexists(parent):  # each missing parent, outermost first
             made.insert(0, parent)

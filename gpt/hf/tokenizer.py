@@ -74,9 +74,8 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
         special.update(bos_token=eot, eos_token=eot, pad_token=eot)
     elif eos is not None:
         special.update(eos_token=EOS, pad_token=EOS)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left",
-                                   clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES,
-                                   **special)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left", **special,
+                                   clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES)
 
 
 def drop_unknown_characters(itos):
@@ -91,9 +90,8 @@ def save_tokenizer(hf_tok, folder):
     """save_pretrained, in a form transformers 4 and 5 both load (docs/export.md#two-transformers-versions): a
     class both know, the inputs the model takes (MODEL_INPUT_NAMES), a BPE's merges as 4.x reads them."""
     hf_tok.save_pretrained(folder)
-    _rewrite_json(os.path.join(folder, "tokenizer_config.json"),
-                  lambda config: config.update(tokenizer_class="PreTrainedTokenizerFast",
-                                               model_input_names=MODEL_INPUT_NAMES))
+    _rewrite_json(os.path.join(folder, "tokenizer_config.json"), lambda config: config.update(
+        tokenizer_class="PreTrainedTokenizerFast", model_input_names=MODEL_INPUT_NAMES))
     _rewrite_json(os.path.join(folder, "tokenizer.json"), legacy_merges)
 
 

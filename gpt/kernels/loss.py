@@ -16,8 +16,7 @@ def logits_and_loss(model, x, targets, reduction="mean"):
         return None, LinearCrossEntropy.apply(x.view(b * t, -1), model.lm_head.weight, targets.reshape(-1),
                                               cfg.loss_chunk, cfg.logit_softcap)
     logits = model.head(x)
-    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                           reduction=reduction)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction)
     return logits, loss.view(b, t) if reduction == "none" else loss
 
 

@@ -185,8 +185,7 @@ def check_wandb():
     if env("WANDB_API_KEY") or env("WANDB_IDENTITY_TOKEN_FILE") or getattr(settings, "api_key", None):
         return
     base_url = env("WANDB_BASE_URL") or getattr(settings, "base_url", None) or "https://api.wandb.ai"
-    home = os.path.expanduser("~")
-    for path in [env("NETRC")] if env("NETRC") else [os.path.join(home, ".netrc"), os.path.join(home, "_netrc")]:
+    for path in [env("NETRC")] if env("NETRC") else [os.path.expanduser(name) for name in ("~/.netrc", "~/_netrc")]:
         try:
             if netrc.netrc(path).authenticators(urlsplit(base_url).netloc):
                 return
@@ -251,7 +250,6 @@ def parse_rows(lines):
 
 
 def read_log(out_dir):
-    """All rows of a run's log."""
     path = os.path.join(out_dir, LOG_NAME)
     if not os.path.exists(path):
         return []

@@ -104,8 +104,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
     def step(self, closure=None):
         assert closure is None, "MuonAdamW takes no closure"
         # the CUDA graph's non-finite flag (gpt/training/stepgraph.py): 1 skips the whole update, on the GPU
-        found_inf = getattr(self, 'found_inf', None)
-        self._adamw.found_inf = found_inf
+        self._adamw.found_inf = found_inf = getattr(self, 'found_inf', None)
         self._adamw.step()
         del self._adamw.found_inf
         self._muon_step(found_inf)
@@ -212,16 +211,14 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
     by_split = {}
     for p, splits in muon_params:
         by_split.setdefault(tuple(splits) if splits else None, []).append(p)
-    muon_groups = [dict(params=ps, splits=list(s) if s else None, lr=learning_rate,
-                        lr_scale=muon_lr / learning_rate, weight_decay=muon_weight_decay)
-                   for s, ps in by_split.items()]
+    muon_groups = [dict(params=ps, splits=list(s) if s else None, lr=learning_rate, lr_scale=muon_lr / learning_rate,
+                        weight_decay=muon_weight_decay) for s, ps in by_split.items()]
     adamw_groups = [dict(params=[p for p in adamw_params if p.dim() >= 2], weight_decay=weight_decay),
                     dict(params=[p for p in adamw_params if p.dim() < 2 and id(p) not in scalar_ids], weight_decay=0.0)]
     if scalar_ids:
         adamw_groups.append(dict(params=[p for p in adamw_params if id(p) in scalar_ids], weight_decay=0.0,
                                  lr_scale=scalar_lr / learning_rate))
-    n_muon = sum(p.numel() for p, _ in muon_params)
-    n_adamw = sum(p.numel() for p in adamw_params)
+    n_muon, n_adamw = sum(p.numel() for p, _ in muon_params), sum(p.numel() for p in adamw_params)
     n_scalars = sum(p.numel() for p in adamw_params if id(p) in scalar_ids)
     print(f"muon: {len(muon_params)} matrices, {n_muon:,} parameters, lr {muon_lr}; adamw: {len(adamw_params)} "
           f"tensors, {n_adamw:,} parameters, lr {learning_rate}" + (f"; learned scalars: {n_scalars}, at lr "

@@ -34,16 +34,6 @@ def on_failure(callback):
     _failure_callbacks.append(callback)
 
 
-def _run_failure_callbacks():
-    while _failure_callbacks:
-        callback = _failure_callbacks.pop()  # last registered first, as atexit
-        try:
-            callback()
-        except Exception as e:  # putting back what it can must not hide the error that ended the run
-            print(f"note: could not undo what the run changed ({type(e).__name__}: {e})",
-                  file=_stderr(), flush=True)
-
-
 def _stderr():
     # the real stderr: torch.distributed wraps the hook and buffers sys.stderr while it runs, and the exit
     # below would skip printing that buffer
@@ -64,8 +54,7 @@ def _stdout_closed():
 def _torchrun_report(line):
     """Under torchrun, the line into this worker's error file, where torchrun's failure summary reads it;
     True on rank 0 (and outside torchrun): the process that prints it."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
+    if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with suppress(OSError), atomic_write(error_file, "w") as f:  # else the summary says less
             # the layout torchrun's own @record writes, which its summary shows as the "traceback"
             json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
@@ -80,26 +69,23 @@ def _other_rank():
     return all(os.environ.get(k) for k in TORCHRUN_VARIABLES) and rank.isdigit() and int(rank) != 0
 
 
-def _local_rank():
-    return int(os.environ["LOCAL_RANK"]) if os.environ.get("LOCAL_RANK", "").isdigit() else 0
-
-
-def _wait_for_local_rank_zero():
-    """A bad setting fails every worker alike: local rank 0 exits at once, the others wait for torchrun's stop
-    (SIGTERM) and exit 0, so its summary names one worker per node (docs/scaling.md)."""
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    time.sleep(OTHER_RANKS_WAIT_S)
-
-
 def _excepthook(kind, value, tb):
-    _run_failure_callbacks()
+    while _failure_callbacks:  # on_failure's
+        callback = _failure_callbacks.pop()  # last registered first, as atexit
+        try:
+            callback()
+        except Exception as e:  # putting back what it can must not hide the error that ended the run
+            print(f"note: could not undo what the run changed ({type(e).__name__}: {e})", file=_stderr(), flush=True)
     if issubclass(kind, KeyboardInterrupt):  # Ctrl-C outside the training loop (which stops cleanly itself)
         print("interrupted (Ctrl-C)", file=_stderr(), flush=True)
         sys.exit(130)  # 128 + SIGINT, as a shell reports it
     if issubclass(kind, UserError):
         line = f"error: {value}"
-        if _local_rank() > 0:
-            _wait_for_local_rank_zero()
+        if os.environ.get("LOCAL_RANK", "").isdigit() and int(os.environ["LOCAL_RANK"]) > 0:
+            # a bad setting fails every worker alike: local rank 0 exits at once, the others wait for torchrun's
+            # stop (SIGTERM) and exit 0, so its summary names one worker per node (docs/scaling.md)
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+            time.sleep(OTHER_RANKS_WAIT_S)
         if _torchrun_report(line):
             print(line, file=_stderr(), flush=True)
         sys.exit(2)  # sys.exit inside the hook sets the interpreter's exit status

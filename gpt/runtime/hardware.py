@@ -55,9 +55,7 @@ def resolve_device(device):
 def resolve_dtype(dtype, device_type):
     """'auto': bfloat16 on GPUs that have it, float16 on older GPUs, float32 on CPU and MPS."""
     if dtype == "auto":
-        if device_type == "cuda":
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-        return "float32"
+        return ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
     if dtype == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -68,10 +66,8 @@ def resolve_dtype(dtype, device_type):
 
 
 def autocast(device_type, dtype):
-    """Mixed precision for the forward pass (weights stay float32); nothing to do for float32."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+    """Mixed precision for the forward pass (weights stay float32)."""
+    return nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 
 
 def for_generation(model, device_type, dtype):
@@ -111,7 +107,6 @@ def can_compile(compile, device_type, verbose=True):
 
 
 def maybe_compile(model, compile, device_type, **options):
-    """torch.compile the model (or function) unless it cannot work here; then say so and run eagerly."""
     if not can_compile(compile, device_type):
         return model
     print("compiling the model... (takes a ~minute)")
@@ -135,8 +130,7 @@ SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CP
 
 
 def warn_if_slow(seconds_per_step, steps_left, device_type):
-    warning = pace_warning(seconds_per_step, steps_left, device_type)
-    if warning:
+    if warning := pace_warning(seconds_per_step, steps_left, device_type):
         print(warning, flush=True)
 
 

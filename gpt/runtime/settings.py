@@ -77,8 +77,7 @@ def comments(source):
     a setting's documentation is the comment on its line."""
     found = {}
     for line in source.splitlines():
-        m = re.match(r"\s*(\w+)\s*(:.*?)?=[^#]*#\s*(.+)$", line)
-        if m:
+        if m := re.match(r"\s*(\w+)\s*(:.*?)?=[^#]*#\s*(.+)$", line):
             found.setdefault(m.group(1), m.group(3).strip())
     return found
 

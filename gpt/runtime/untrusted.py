@@ -31,8 +31,7 @@ def safe_load(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever a damaged file makes the unpickler raise is the file's fault
         text = str(e)
-        refused = re.search(r"GLOBAL ([\w.]+)", text) if isinstance(e, pickle.UnpicklingError) else None
-        if refused:
+        if isinstance(e, pickle.UnpicklingError) and (refused := re.search(r"GLOBAL ([\w.]+)", text)):
             raise UserError(f"{path} is unsafe, not loaded: it holds an object of class {refused.group(1)}, and "
                             f"loading that could run code (checkpoints may hold only tensors and plain data); "
                             f"if you trust the file, re-save it without that entry")
