@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from test_checkpoint import data_dir, flags, log_rows, train  # noqa: F401 (data_dir is a fixture)
 
+import model as model_lib
 from gpt import optim
 from gpt.checkpoint import model_from_checkpoint
 from gpt.hf import to_hf
 from gpt.runtime.errors import UserError
-import model as model_lib
 from model import GPT, GPTConfig
 
 V, T = 64, 16
