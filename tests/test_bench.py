@@ -30,8 +30,12 @@ def test_one_benchmark_alone_notes_the_settings_of_the_other_and_prints_no_empty
     assert "| micro-batch |" not in r.stdout and "| generate batch |" in r.stdout
     result = json.loads(out.read_text())
     assert result["train"] == [] and [g["batch_size"] for g in result["generate"]] == [1]
-    r = run("bench.py", *TINY, "--batch_sizes=2", "--gen_batch_sizes=", f"--out_json={out}")
+    # model switches that cannot run here are said, as train.py says them, never silently dropped
+    r = run("bench.py", *TINY, "--batch_sizes=2", "--gen_batch_sizes=", f"--out_json={out}", "--bf16_residual=True",
+            "--fused_qk=True", "--pos_emb=rope")
     assert [line for line in r.stdout.splitlines() if line.startswith("note:")] == [
         "note: gen_tokens=4 does nothing here: gen_batch_sizes is empty: generation is not timed"]
+    assert "fused_qk: off (needs a CUDA GPU (this run: cpu))" in r.stdout
+    assert "bf16_residual: off (dtype=float32: the stream takes bfloat16 autocast's dtype)" in r.stdout
     assert "| micro-batch |" in r.stdout and "| generate batch |" not in r.stdout
     assert [t["batch_size"] for t in json.loads(out.read_text())["train"]] == [2]

@@ -228,5 +228,5 @@ def test_bf16_residual_runs_only_under_bf16_and_says_so_otherwise(dtype, capsys)
     p = plan.decide(configurator.Config(config, {'bf16_residual'}), plan.Source('scratch', None, None, None), None,
                     1, 'cpu', dtype, verbose=True)
     assert p.model['bf16_residual'] is (dtype == 'bfloat16') and p.settings['bf16_residual'] is p.model['bf16_residual']
-    said = "bf16_residual: off (dtype=float32" in capsys.readouterr().out
+    said = "bf16_residual: off (dtype=float32: the stream takes bfloat16" in capsys.readouterr().out
     assert said is (dtype == 'float32')

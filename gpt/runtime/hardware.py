@@ -113,6 +113,13 @@ def maybe_compile(model, compile, device_type, **options):
     return torch.compile(model, **options)
 
 
+def can_bf16_residual(bf16_residual, dtype, verbose=True):
+    """Whether the residual stream runs in bf16 (model.py): asked for, under bf16 autocast (else, verbose, say why)."""
+    if bf16_residual and dtype != 'bfloat16' and verbose:
+        print(f"bf16_residual: off (dtype={dtype}: the stream takes bfloat16 autocast's dtype)")
+    return bool(bf16_residual and dtype == 'bfloat16')
+
+
 def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
     """Whether attention runs qk_norm and the rotary embedding as gpt/kernels/fused_qk.py's Triton kernel: asked
     for, and able to work here (else, verbose, say why not: the plain path computes the same). model: GPTConfig."""

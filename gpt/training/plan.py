@@ -229,9 +229,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
     model['fused_qk'] = hardware.can_fuse_qk(model['fused_qk'], GPTConfig(**model), device_type, compiled, verbose)
-    if model['bf16_residual'] and dtype != 'bfloat16' and verbose:
-        print(f"bf16_residual: off (dtype={dtype}: it keeps the residual stream in bfloat16 autocast's dtype)")
-    model['bf16_residual'] = model['bf16_residual'] and dtype == 'bfloat16'
+    model['bf16_residual'] = hardware.can_bf16_residual(model['bf16_residual'], dtype, verbose)
     if torchrun:
         distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
     graphed = stepgraph.can_graph(config['cuda_graph'], device_type,
