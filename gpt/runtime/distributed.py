@@ -332,7 +332,7 @@ def finish():
     the wrapper's reducer holds the group and gloo's last work, and freed only while Python shuts down, gloo
     can abort a finished process ('terminate called without an active exception', SIGABRT, so torchrun
     reports a failed run). It drops the step's CUDA graph too: NCCL's communicator, destroyed here, waits for
-    every graph that captured its calls to be freed, forever if one is still alive (pytorch/pytorch#115388)."""
+    every graph that captured its calls to be freed, forever if one is still alive."""
     gc.collect()  # the wrapper's reference cycles go now, while the interpreter is whole
     dist.barrier()  # no rank closes its connections while another still uses them
     dist.destroy_process_group()
