@@ -60,4 +60,7 @@ fused_qk = True
 fused_loss = True
 cuda_graph = True
 cudnn_attention = False
+# under torchrun: the gradients averaged from hooks, not torch's DDP wrapper, so the step stays one CUDA graph
+# and no worker imports torch._dynamo (docs/scaling.md#ddp_sync); one GPU has nothing to average
+ddp_sync = 'hooks'
 bf16_residual = True  # the residual stream in bf16, not float32: half the bytes its additions and norms move
