@@ -24,6 +24,7 @@ the line that decided it. Logs of every part go to $OUT (or gpu-check-out/). On 
 and on a machine of several GPUs, for N = 2 and (where there are 4) 4:
   ddp-N, fsdp-N  config/train_shakespeare_char.py's model under torchrun --nproc_per_node=N, DDP and FSDP2:
                each step's loss within bf16 rounding (0.5%) of the one-GPU run's, on the same global batch
+  ddp-hooks-N  the same with ddp_sync='hooks' and the step replayed from a CUDA graph
 
 Data: data/synth (dev/synth_data.py makes it: random GPT-2 ids) for GPT-2's shape; data/gcide for the
 speedrun where it exists (else synth); data/shakespeare_char (`python data/shakespeare_char/prepare.py`,

@@ -235,7 +235,7 @@ def test_ranks_end_with_identical_parameters(ddp_run):
 # the speedrun recipe's switches (config/speedrun_gcide.py) on a tiny model, float32
 RECIPE = dict(optimizer='muon', muon_lr=0.02, learning_rate=6e-3, qk_norm=True, zero_init_proj=True,
               tie_embeddings=False, bias=False, lr_schedule="wsd", lr_decay_frac=0.4, min_lr=0.0, grad_clip=0.0,
-              weight_decay=0.0, max_iters=6, lr_decay_iters=6, eval_interval=6)
+              weight_decay=0.0, max_iters=6, lr_decay_iters=6, eval_interval=6, ddp_sync="hooks")
 
 
 def test_two_ranks_train_what_one_process_does_on_random_windows(data_dir, tmp_path):
