@@ -60,7 +60,5 @@ fused_qk = True
 fused_loss = True
 cuda_graph = True
 cudnn_attention = False
-# under torchrun: the gradients averaged from hooks, not torch's DDP wrapper, so the step stays one CUDA graph
-# and no worker imports torch._dynamo (docs/scaling.md#ddp_sync); one GPU has nothing to average
-ddp_sync = 'hooks'
+ddp_sync = 'hooks'  # under torchrun: no DDP wrapper, so the step stays one CUDA graph (docs/scaling.md#ddp_sync)
 bf16_residual = True  # the residual stream in bf16, not float32: half the bytes its additions and norms move
