@@ -11,6 +11,7 @@ config=${CONFIG:-config/train_shakespeare_char.py}
 gpus=${GPUS:-1}
 i=0
 for extra in "$@"; do
+    rm -rf "out-ttl-$i"  # this script's own run folder, from an earlier call
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=$((i % gpus)) python dev/time_to_loss.py --target="${TARGET:-1.47}" --out="$out/ttl-$i" \
         -- "$config" --out_dir="out-ttl-$i" $extra > "$out/ttl-$i.txt" 2>&1 &
