@@ -150,12 +150,13 @@ runpy.run_path({root!r} + "/train.py", run_name="__main__")
 '''
 
 
-def test_a_dying_rank_ends_the_whole_run(shards, tmp_path):
+@pytest.mark.parametrize("ddp_sync", ["wrapper", "hooks"])  # hooks: the survivor waits in GradSync's all-reduce
+def test_a_dying_rank_ends_the_whole_run(shards, tmp_path, ddp_sync):
     wrapper = tmp_path / "dying.py"
     wrapper.write_text(DYING_RANK.format(root=ROOT))
     t0 = time.time()
     r = train(shards, tmp_path / "out", nproc=2, script=str(wrapper), check=False, max_iters=1000,
-              eval_interval=1000, dist_timeout_minutes=1)
+              eval_interval=1000, dist_timeout_minutes=1, ddp_sync=ddp_sync)
     assert r.returncode != 0
     assert time.time() - t0 < 120  # torchrun stops the surviving rank; nothing waits for a collective forever
 
