@@ -7,7 +7,8 @@
 #   $ bash dev/bench_ddp.sh 8        (logs under $OUT, or ./bench-out)
 #   $ STEPS=40 bash dev/bench_ddp.sh 4 "--ddp_reduce_dtype=bfloat16" "--ddp_bucket_mb=100 --ddp_bucket_view=True"
 # REUSE_1GPU=1 keeps an earlier call's one-GPU run (o-ddp-1, same STEPS) as the baseline: e.g. N=4, then N=2
-# on CUDA_VISIBLE_DEVICES=0,1 of the same machine.
+# on CUDA_VISIBLE_DEVICES=0,1 of the same machine. ARGS are settings every run gets, the one-GPU run included
+# (e.g. ARGS="--cuda_graph=True --ddp_sync=hooks": the step as one CUDA graph on 1 and on N GPUs).
 set -uo pipefail
 N=${1:-8}; shift
 STEPS=${STEPS:-60}
@@ -16,7 +17,7 @@ OUT=${OUT:-bench-out}; mkdir -p "$OUT"
 [ -f data/synth/meta.json ] || python dev/synth_data.py
 [ "${REUSE_1GPU:-0}" = 1 ] && [ -f o-ddp-1/log.jsonl ] || rm -rf o-ddp-1
 rm -rf o-ddp-$N o-ddp-$N-*   # this script's own run folders, from an earlier call
-RUN="config/train_gpt2.py --dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1 --max_iters=$STEPS"
+RUN="config/train_gpt2.py --dataset=synth --eval_interval=100000 --eval_iters=2 --log_interval=1 --checkpoint_interval=-1 --max_iters=$STEPS ${ARGS:-}"
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1; python -c "import torch; print('torch', torch.__version__)"
 [ -f o-ddp-1/log.jsonl ] || timeout 280 python train.py $RUN --out_dir=o-ddp-1 > $OUT/ddp_1gpu.log 2>&1
 NAMES=("o-ddp-1|1 GPU|1" "o-ddp-$N|$N GPUs, defaults|$N")
