@@ -24,3 +24,7 @@ log_interval = 10
 
 # weight decay
 weight_decay = 1e-1
+
+# on a CUDA GPU the whole step is replayed from one CUDA graph, under torchrun too: 'hooks' averages the gradients
+# without torch's DDP wrapper, which a graph cannot hold (docs/scaling.md#ddp_sync: the speeds)
+cuda_graph, ddp_sync = True, 'hooks'

@@ -25,6 +25,7 @@ rope_theta = 10000.0
 total_batch_size = 524_288
 batch_size = 8
 block_size = 2048
+fused_loss = True  # the head and loss a chunk at a time, no (B, T, vocab) logits: 3 GiB less, ~1% faster
 
 # the budget: 26B tokens (~20 per parameter, Chinchilla-optimal) = 49,592 steps; warm-up over 1B tokens
 # (1,908 steps), then cosine decay to min_lr at the end of the budget

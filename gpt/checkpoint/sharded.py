@@ -25,9 +25,7 @@ METADATA_GLOBALS = {
                                               "_MEM_FORMAT_ENCODING"},
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},  # looks a layout up by its name
-    "torch": {"Size"},
-    "pathlib": {"PosixPath", "PurePosixPath"},
-    "collections": {"OrderedDict"},
+    "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"},
     "builtins": {"set", "frozenset", "bytearray", "complex", "slice"},
 }
 

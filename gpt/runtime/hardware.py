@@ -16,10 +16,9 @@ INIT_DEVICES = (lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for 
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
 PEAK_FLOPS = [
-    ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
-    ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12),
-    ("L40S", 362e12), ("L4", 121e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12),
-    ("T4", 65e12),
+    ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L4", 121e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
 ]
 
 
