@@ -25,6 +25,8 @@ and on a machine of several GPUs, for N = 2 and (where there are 4) 4:
   ddp-N, fsdp-N  config/train_shakespeare_char.py's model under torchrun --nproc_per_node=N, DDP and FSDP2:
                each step's loss within bf16 rounding (0.5%) of the one-GPU run's, on the same global batch
   ddp-hooks-N  the same with ddp_sync='hooks' and the step replayed from a CUDA graph
+  ddp-hooks-dies-2  the same on 2 GPUs with rank 1 killed at its 20th step: torchrun must end the run
+               (not 0, within 4 minutes), though the survivor waits in an all-reduce inside its graph
 
 Data: data/synth (dev/synth_data.py makes it: random GPT-2 ids) for GPT-2's shape; data/gcide for the
 speedrun where it exists (else synth); data/shakespeare_char (`python data/shakespeare_char/prepare.py`,
@@ -239,6 +241,41 @@ def part_parallel(nproc, parallelism, *extra):
     return check
 
 
+# a rank that dies between two replays of the step's graph: the survivor's next replay waits in an all-reduce
+# recorded in its graph, where Python's signal handlers cannot run; torchrun must still end the run
+DYING_RANK = """
+import os, runpy, sys
+sys.path.insert(0, os.getcwd())
+from gpt.training import stepgraph
+replay, calls = stepgraph.StepGraph.run, [0]
+def dies(self, batches):
+    calls[0] += 1
+    if os.environ["RANK"] == "1" and calls[0] == 20:
+        os._exit(3)  # as if its GPU or its node went away
+    return replay(self, batches)
+stepgraph.StepGraph.run = dies
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def part_dying_rank():
+    need("data/shakespeare_char/train.bin", "python data/shakespeare_char/prepare.py")
+    script, out_dir = os.path.join(RUNS, "dying_rank.py"), os.path.join(RUNS, "ddp-hooks-dies-2")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    with open(script, "w") as f:
+        f.write(DYING_RANK)
+    t = time.time()
+    code, out = sh([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *CHAR,
+                    "--max_iters=2000", "--eval_interval=2000", "--checkpoint_interval=-1", "--ddp_sync=hooks",
+                    "--cuda_graph=True", f"--out_dir={out_dir}"], "ddp-hooks-dies-2.log", timeout=240)
+    steps = [int(n) for n in re.findall(r"^(?:\[rank0\]: )?iter (\d+):", out, re.M)]
+    if code in (0, 124) or "cuda_graph: off" in out or not steps or max(steps) < 18:
+        last = max(steps, default=None)
+        raise Failed(f"exit {code} after {time.time() - t:.0f}s, last step {last}: {last_line(out)}")
+    return f"rank 1 gone at step 19: torchrun ended the run {time.time() - t:.0f}s after launch, exit {code}"
+
+
 def gpus():
     return torch.cuda.device_count()
 
@@ -259,6 +296,8 @@ def main(argv):
             parts[f"ddp-{n}"] = part_parallel(n, "ddp")
             parts[f"fsdp-{n}"] = part_parallel(n, "fsdp")
             parts[f"ddp-hooks-{n}"] = part_parallel(n, "ddp", "--ddp_sync=hooks", "--cuda_graph=True")
+    if gpus() >= 2:
+        parts["ddp-hooks-dies-2"] = part_dying_rank
     chosen = [x for x in a.parts.split(",") if x] or list(parts)
     unknown = [x for x in chosen if x not in parts]
     if unknown:
