@@ -53,6 +53,18 @@ def test_helpers_work_for_llama():
         model(torch.randint(0, 101, (1, 17)))
 
 
+def test_the_rotary_table_is_float32_and_unsaved_whatever_the_weights_are_cast_to():
+    """The model keeps the angles' cos and sin (computed once rather than in every forward); generation casts
+    the weights to bf16, and the table must stay what forward computed before: float32, on the model's device."""
+    from model import rotary
+    model = tiny()
+    assert model.rope.dtype == torch.float32 and 'rope' not in model.state_dict()
+    cos, sin = rotary(torch.arange(32), 8, 10000.0)
+    assert torch.equal(model.rope[0], cos) and torch.equal(model.rope[1], sin)
+    model.to(torch.bfloat16)
+    assert model.rope.dtype == torch.float32 and torch.equal(model.rope[0], cos)
+
+
 def test_config_defaults_and_errors():
     for n_embd, hidden in [(384, 1024), (2048, 5504), (4096, 10944)]:  # 8/3 x n_embd, up to a multiple of 64
         assert GPTConfig(family="llama", n_embd=n_embd, n_head=8).mlp_hidden == hidden

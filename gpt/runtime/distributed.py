@@ -175,7 +175,8 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
             return model
         # bucket_cap_mb only when not PyTorch's 25: given, DDP also makes its first bucket that size (1 MB else)
         sizes = {} if bucket_mb == 25 else dict(bucket_cap_mb=bucket_mb)
-        ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None,
+        # no buffers broadcast every forward: the only one, the rotary table, is computed alike on every rank
+        ddp = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False,
                   gradient_as_bucket_view=bucket_view, static_graph=static_graph and not problem, **sizes)
         if reduce_dtype == "bfloat16":
             ddp.register_comm_hook(None, bf16_allreduce_hook)  # state None: the default process group
