@@ -11,6 +11,7 @@ import os
 import sys
 import types
 from dataclasses import replace
+from pathlib import Path
 
 from gpt.runtime.errors import UserError
 from gpt.runtime.settings import MODEL, RUN, TRAINING, Setting, comments
@@ -126,8 +127,7 @@ def _run_config_file(path, config):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
     scope = _Recording({**config, "__file__": path}, path)  # __file__: a file can find files beside it
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = Path(path).read_text(encoding="utf-8")
         tree = ast.parse(text, path)
         code = compile(tree, path, "exec")
     except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
@@ -214,8 +214,7 @@ def apply(g, argv, *sections):
     if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)
         notes = {k: Setting() for k, v in g.items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
     try:  # a setting's documentation is the comment on its line
-        with open(script, encoding="utf-8") as f:
-            docs = comments(f.read())
+        docs = comments(Path(script).read_text(encoding="utf-8"))
     except OSError:
         docs = {}
     declared = {k: replace(s, default=g[k], doc=docs.get(k, s.doc)) for k, s in notes.items()}

@@ -17,6 +17,7 @@ it again (data/fineweb/readme.md).
 import multiprocessing
 import os
 import sys
+from contextlib import suppress
 
 import numpy as np
 from tqdm import tqdm
@@ -50,10 +51,9 @@ def shard_path(out_dir, index):
 
 def save(path, tokens):
     """Write the shard, unless the one at path is complete and holds exactly these tokens already."""
-    try:
+    kept = False  # missing, truncated or foreign: (re)written
+    with suppress(UserError):
         kept = np.array_equal(open_shard(path), tokens)
-    except UserError:  # missing, truncated or foreign: (re)write it
-        kept = False
     if not kept:
         sources.write_shard(path, tokens, "uint16")  # atomic: a temporary name, renamed when complete
     print(f"{os.path.basename(path)}: {len(tokens):,} tokens ({'unchanged' if kept else 'written'})")
@@ -114,10 +114,9 @@ def main():
     # meta.json last: its presence says the shards are complete
     enc = gpt2_encoding()
     meta = {"tokenizer": "gpt2", "vocab_size": enc.n_vocab, "dtype": "uint16", "eot": enc.eot_token, "format": "shards"}
-    try:
+    old = None  # unreadable: replaced
+    with suppress(UserError):
         old = read_meta(args.out_dir)
-    except UserError:  # unreadable: replace it
-        old = None
     if old != meta:  # an unchanged file is left alone, so a re-run changes nothing
         sources.write_meta(args.out_dir, meta)
     val = min(total, args.shard_size)

@@ -35,8 +35,7 @@ cut = int(len(data) * 0.9)
 train_data, val_data = data[:cut], data[cut:]
 
 # encode both to integers
-train_ids = tok.encode(train_data)
-val_ids = tok.encode(val_data)
+train_ids, val_ids = tok.encode(train_data), tok.encode(val_data)
 print(f"train has {len(train_ids):,} tokens")
 print(f"val has {len(val_ids):,} tokens")
 

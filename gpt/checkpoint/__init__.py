@@ -108,9 +108,8 @@ def copy_file(path, folder, name):
 
 def remove(path, what):
     try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+        with suppress(FileNotFoundError):
+            os.remove(path)
     except OSError as e:
         print(f"error: could not remove {what} {path} ({e.strerror or e})")
 
@@ -419,9 +418,8 @@ def load_model(init_from, out_dir):
                         f"gpt2-xl or a folder written by transformers' save_pretrained")
     path, newer = os.path.join(out_dir, "ckpt.pt"), newer_sharded(out_dir)
     if newer:  # ckpt.pt would be an older state of the run, or missing
-        raise UserError(f"{newer} (a sharded fsdp checkpoint) is newer than "
-                        + (f"{path}" if os.path.exists(path) else f"any {path}")
-                        + f": make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
+        raise UserError(f"{newer} (a sharded fsdp checkpoint) is newer than {'' if os.path.exists(path) else 'any '}"
+                        f"{path}: make a ckpt.pt of it with `python convert_checkpoint.py --out_dir={out_dir}`")
     ckpt = load_checkpoint(path)
     return model_from_checkpoint(ckpt, path), checkpoint_meta(ckpt, path)
 
@@ -486,8 +484,7 @@ def load_for_resume(out_dir, parallelism):
 
 
 def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size):
-    """Put a resumed run's state where its checkpoint (load_for_resume's; None for a new run) left it. Returns the
-    run's counters: iter_num, best_val_loss, elapsed, skipped_steps, wandb_run_id."""
+    """Put the run's state where its checkpoint (load_for_resume's; None: a new run) left it; returns its counters."""
     state = dict(iter_num=0, best_val_loss=1e9, elapsed=0.0, skipped_steps=0, wandb_run_id=None)
     if ckpt is None:
         return state

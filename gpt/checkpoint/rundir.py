@@ -119,8 +119,7 @@ def claim(out_dir, fresh):
 def check_writable(out_dir):
     """Fail now, not at the first save, where access(2) says yes but no file can be made (full disk, quota)."""
     try:
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
+        tempfile.TemporaryFile(dir=out_dir).close()
     except OSError as e:
         raise UserError(f"out_dir {out_dir} is not writable ({e.strerror or e}): choose another --out_dir")
 
@@ -284,9 +283,8 @@ def set_aside(out_dir):
     except OSError as e:
         if os.path.isdir(dest):
             move_all(dest, out_dir)
-        raise UserError(f"out_dir {out_dir} holds an earlier run ({', '.join(names)}) that could not be moved "
-                        f"aside to {dest} ({e.strerror or e}): choose another --out_dir, or resume it with "
-                        f"--init_from=resume")
+        raise UserError(f"out_dir {out_dir} holds an earlier run ({', '.join(names)}) that could not be moved aside to "
+                        f"{dest} ({e.strerror or e}): choose another --out_dir, or resume it with --init_from=resume")
     print(f"note: {out_dir} held an earlier run; its {', '.join(names)} are kept in {dest} (this is a new run: "
           f"to continue that one instead, use --init_from=resume --out_dir={dest})")
     return dest

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 
@@ -32,8 +33,7 @@ def check_readable(path, what="token file"):
     if not os.path.isfile(path):
         raise UserError(f"{path} is not a regular file, so not a {what}; re-run the dataset's prepare.py")
     try:
-        with open(path, "rb"):
-            pass
+        open(path, "rb").close()
     except OSError as e:
         raise UserError(f"{path} cannot be read ({e.strerror or e}): check its permissions")
 
@@ -46,8 +46,7 @@ def read_meta(data_dir):
     check_readable(path, "metadata file")
     if path.endswith(".json"):
         try:
-            with open(path, encoding="utf-8") as f:
-                meta = json.load(f)
+            meta = json.loads(Path(path).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path} is not valid JSON ({e}); re-run the dataset's prepare.py")
     else:
@@ -70,8 +69,7 @@ def read_meta(data_dir):
         # the tokenizer itself goes into the meta, so that checkpoints (which keep the meta) carry it
         tok_path = os.path.join(data_dir, meta.get("tokenizer_file", "tokenizer.json"))
         try:
-            with open(tok_path, encoding="utf-8") as f:
-                meta["tokenizer_json"] = f.read()
+            meta["tokenizer_json"] = Path(tok_path).read_text(encoding="utf-8")
         except OSError as e:
             raise UserError(f"{path} names tokenizer file {tok_path}, which could not be read "
                             f"({e.strerror or e}); re-run the dataset's prepare.py")
@@ -230,9 +228,8 @@ def prepare_hint(dataset):
     # the datasets with a data/*/prepare.py beside train.py (none for an installed package)
     scripts = glob.glob(os.path.join(glob.escape(REPO), "data", "*", "prepare.py"))
     choices = sorted(os.path.basename(os.path.dirname(path)) for path in scripts if os.path.isfile(path))
-    if not choices:
-        return "the prepare.py of a dataset in the checkout's data/ folder"
-    return f"python data/<{'|'.join(choices)}>/prepare.py"
+    return (f"python data/<{'|'.join(choices)}>/prepare.py" if choices
+            else "the prepare.py of a dataset in the checkout's data/ folder")
 
 
 def dataset_dir(dataset):

@@ -86,10 +86,9 @@ class TokenFile:
     def check(self):
         now = os.fstat(self.fd)
         if (now.st_size, now.st_mtime_ns) != (self.stat.st_size, self.stat.st_mtime_ns):
-            raise UserError(f"{self.path} was changed in place while the run read it ({self.stat.st_size:,} bytes "
-                            f"at the start, {now.st_size:,} now): put the data back and resume; to change a "
-                            f"dataset under a running run, rename the new file over the old one (mv), which the "
-                            f"run does not see")
+            raise UserError(f"{self.path} was changed in place while the run read it ({self.stat.st_size:,} bytes at "
+                            f"the start, {now.st_size:,} now): put the data back and resume; to change a dataset under "
+                            f"a running run, rename the new file over the old one (mv), which the run does not see")
         return self.tokens
 
 

@@ -248,8 +248,7 @@ def load_documents(local, dataset, text_column, num_proc=1, subset=None, streami
     if columns is None:  # a stream that does not know its columns before its first row
         columns = list(next(iter(ds)).keys())
     if text_column not in columns:
-        raise UserError(f"the dataset has no column {text_column!r} (columns: {columns}); "
-                        f"pick one with --text_column")
+        raise UserError(f"the dataset has no column {text_column!r} (columns: {columns}); pick one with --text_column")
     if val is not None and text_column not in (val.column_names or [text_column]):
         raise UserError(f"the dataset's val split has no column {text_column!r} (columns: {val.column_names})")
     return (ds, val) if with_val else ds

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 
 import tiktoken
 
@@ -21,8 +22,7 @@ def _load_ranks(path):
     # the same parsing as tiktoken.load.load_tiktoken_bpe, minus its cache: that one copies the file into
     # /tmp keyed by path, so a file replaced at the same path would silently keep giving the old ranks
     try:
-        with open(path, "rb") as f:
-            contents = f.read()
+        contents = Path(path).read_bytes()
     except OSError as e:
         raise UserError(f"GPT2_TIKTOKEN_FILE={path} could not be read ({e.strerror or e})")
     ranks = {}
@@ -108,8 +108,7 @@ class Tokenizer:
 @functools.lru_cache(maxsize=None)
 def hf_tokenizer_file(path, eot=None):
     """A Tokenizer for a tokenizers JSON file, built once per process (for prepare scripts' workers)."""
-    with open(path, encoding="utf-8") as f:
-        return Tokenizer("hf", tokenizer_json=f.read(), eot=eot)
+    return Tokenizer("hf", tokenizer_json=Path(path).read_text(encoding="utf-8"), eot=eot)
 
 
 def _hf_tokenizer(tokenizer_json, where="the dataset's tokenizer"):
@@ -213,8 +212,7 @@ def folder_meta(init_from):
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
         try:
-            with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
-                config = json.load(f)
+            config = json.loads(Path(init_from, "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             config = {}
         kind, vocab = config.get("model_type", "?"), config.get("vocab_size", "?")
@@ -225,8 +223,7 @@ def folder_meta(init_from):
             os.path.join(init_from, "tokenizer.model")) else ""
         raise UserError(f"{path} is missing, so the tokenizer of this {kind} model ({vocab} tokens, not GPT-2's "
                         f"BPE) cannot be known{also}")
-    with open(path, encoding="utf-8") as f:
-        tokenizer_json = f.read()
+    tokenizer_json = Path(path).read_text(encoding="utf-8")
     return exported_char_meta(tokenizer_json) or {**hf_meta(tokenizer_json, path), "tokenizer_json": tokenizer_json}
 
 

@@ -13,6 +13,7 @@ import os
 import types
 import zipfile
 from contextlib import suppress
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -112,16 +113,14 @@ def gpt2_to_hf(model):
     state_dict = {k: v.t() if k.endswith(CONV1D) else v for k, v in model.state_dict().items()}
     if not cfg.bias:  # transformers' GPT-2 always has biases: zeros compute the same thing
         sizes = {"ln_1": C, "attn.c_attn": 3 * C, "attn.c_proj": C, "ln_2": C, "mlp.c_fc": hidden, "mlp.c_proj": C}
-        for i in range(cfg.n_layer):
-            for name, n in sizes.items():
-                state_dict[f"transformer.h.{i}.{name}.bias"] = torch.zeros(n)
+        state_dict.update({f"transformer.h.{i}.{name}.bias": torch.zeros(n)
+                           for i in range(cfg.n_layer) for name, n in sizes.items()})
         state_dict["transformer.ln_f.bias"] = torch.zeros(C)
     return config, state_dict
 
 
 def _key_map(cfg):
-    """[(our key, [(transformers key, rows), ...])]: each of our tensors is its transformers tensors stacked.
-    cfg: a GPTConfig or a model_args dict."""
+    """[(our key, [(transformers key, rows), ...])]: each of our tensors is its transformers tensors stacked."""
     if isinstance(cfg, dict):
         cfg = types.SimpleNamespace(**cfg)
     C, H, kv = cfg.n_embd, cfg.mlp_hidden, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
@@ -258,8 +257,7 @@ def llama_from_hf(hf_model, dropout=0.0):
 
 def check_folder(folder, field_types=None):
     """One line for a folder given as init_from that cannot be a transformers GPT-2 or Llama model, from its
-    config.json alone, before transformers is imported or any weight read. field_types: GPTConfig's
-    {field: type}, from the caller, since this module never imports model.py."""
+    config.json alone, before transformers is imported or any weight read. field_types: GPTConfig's {field: type}."""
     if any(os.path.exists(os.path.join(folder, name)) for name in ("ckpt.pt", "ckpt_dcp")):
         raise UserError(f"init_from={folder} is a training run's folder (it holds a checkpoint), not a "
                         f"transformers model: use --init_from=resume --out_dir={folder}")
@@ -268,8 +266,7 @@ def check_folder(folder, field_types=None):
         raise UserError(f"init_from={folder} holds no config.json, so it is not a transformers model folder "
                         f"(one written by save_pretrained, or by export.py from a checkpoint)")
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
         raise UserError(f"{path} could not be read as JSON ({e}): save the model again with save_pretrained")
     family = config.get("model_type") if isinstance(config, dict) else None
@@ -346,8 +343,7 @@ def weight_files(folder):
         if not os.path.isfile(index) and os.path.isfile(os.path.join(folder, name)):
             return [os.path.join(folder, name)]
         try:
-            with open(index, encoding="utf-8") as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
+            shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values()))
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from gpt.runtime.errors import UserError
 from gpt.runtime.files import atomic_write, give_files_their_mode, nearest_existing, new_folder
@@ -28,15 +29,13 @@ def _fingerprint(path):
     size = os.path.getsize(path)
     if size > HASHED_UP_TO:
         return {"bytes": size}
-    with open(path, "rb") as f:
-        return {"bytes": size, "sha256": hashlib.sha256(f.read()).hexdigest()}
+    return {"bytes": size, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
 
 
 def _recorded(folder):
     """{file name: fingerprint} from the folder's MARKER; {} if there is none or it is not one of ours."""
     try:
-        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
-            files = json.load(f)["files"]
+        files = json.loads(Path(folder, MARKER).read_text(encoding="utf-8"))["files"]
         return files if isinstance(files, dict) else {}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -94,8 +93,7 @@ def check(export_dir, force=False, keep=()):
         raise UserError(f"export_dir {export_dir} holds files export.py did not write ({_listing(strangers)}): "
                         f"choose a new --export_dir, or pass --force=True to replace the folder and all in it")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"cannot replace export_dir {export_dir}: the folder is read-only; choose a new "
-                        f"--export_dir")
+        raise UserError(f"cannot replace export_dir {export_dir}: the folder is read-only; choose a new --export_dir")
 
 
 def check_space(export_dir, nbytes):

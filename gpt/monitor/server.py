@@ -131,8 +131,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.serving = False
 
     def serves(self, host):
-        """Whether a request with this Host header is addressed to this server (rather than to a name that
-        was pointed at it)."""
+        """Whether a request with this Host header is addressed to this server, not to a name pointed at it."""
         name = host_name(host)
         try:
             ipaddress.ip_address(name)  # any IP address: a rebinding page has a name, not an address

@@ -186,11 +186,9 @@ def check_wandb():
         return
     base_url = env("WANDB_BASE_URL") or getattr(settings, "base_url", None) or "https://api.wandb.ai"
     for path in [env("NETRC")] if env("NETRC") else [os.path.expanduser(name) for name in ("~/.netrc", "~/_netrc")]:
-        try:
+        with suppress(OSError, netrc.NetrcParseError):
             if netrc.netrc(path).authenticators(urlsplit(base_url).netloc):
                 return
-        except (OSError, netrc.NetrcParseError):
-            continue
     raise UserError(f"wandb_log=True, but wandb has no API key for {base_url}: run `wandb login` (or set "
                     f"WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload later with `wandb sync`")
 
@@ -240,8 +238,7 @@ class Startup:
 
 
 def parse_rows(lines):
-    """The JSON rows of lines, skipping any line that is not JSON: one cut short by a crash, or still being
-    written by a run that goes on."""
+    """The JSON rows of lines, skipping any that is not JSON: one cut short by a crash, or still being written."""
     rows = []
     for line in lines:
         with suppress(json.JSONDecodeError):

@@ -63,9 +63,8 @@ def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block
         lower = sequences * block_size // per * per
         tokens = (f"{lower:,} or " if lower else "") + f"{lower + per:,}"
         raise UserError(f"the global batch of {sequences:,} sequences ({given}) cannot be shared equally by "
-                        f"{world_size} processes: start {', '.join(map(str, processes))} of them "
-                        f"(--nproc_per_node), or set --total_batch_size={tokens} (a multiple of {world_size} "
-                        f"x block_size {block_size:,})")
+                        f"{world_size} processes: start {', '.join(map(str, processes))} of them (--nproc_per_node), "
+                        f"or set --total_batch_size={tokens} (a multiple of {world_size} x block_size {block_size:,})")
     share = sequences // world_size  # sequences per process and step
     micro_steps = next(m for m in range(-(-share // batch_size), share + 1) if share % m == 0)
     micro_batch = share // micro_steps
@@ -120,9 +119,8 @@ def global_batch(c, block_size):
     if new == total:
         return total, None
     return new, (f"{changed} came after {there} total_batch_size={total:,}{was}, so the batch is "
-                 f"{micro_batches(steps)} of {c['batch_size']} x {block_size}, total_batch_size={new:,}, as in "
-                 f"nanoGPT (give --total_batch_size to keep a batch in tokens: batch_size then only caps a "
-                 f"micro-batch)")
+                 f"{micro_batches(steps)} of {c['batch_size']} x {block_size}, total_batch_size={new:,}, as in nanoGPT "
+                 f"(give --total_batch_size to keep a batch in tokens: batch_size then only caps a micro-batch)")
 
 
 def micro_batches(n):
