@@ -418,8 +418,10 @@ class GPT(nn.Module):
         """Shrink the context, e.g. to fine-tune GPT-2 (1024) at a smaller block size."""
         assert block_size <= self.config.block_size
         self.config.block_size = block_size
-        if 'wpe' in self.transformer:  # rotary positions have no table
+        if 'wpe' in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        else:  # rotary: the cos and sin of the positions left (a transformers Llama may come with 131,072)
+            self.rope = self.rope_table(self.rope.device)
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):

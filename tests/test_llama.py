@@ -63,6 +63,8 @@ def test_the_rotary_table_is_float32_and_unsaved_whatever_the_weights_are_cast_t
     assert torch.equal(model.rope[0], cos) and torch.equal(model.rope[1], sin)
     model.to(torch.bfloat16)
     assert model.rope.dtype == torch.float32 and torch.equal(model.rope[0], cos)
+    model.crop_block_size(16)  # fine-tuning at a shorter context keeps the table of those positions only
+    assert model.rope.shape == (2, 16, 8) and torch.equal(model.rope[1], sin[:16])
 
 
 def test_config_defaults_and_errors():
