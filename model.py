@@ -329,7 +329,7 @@ class GPT(nn.Module):
             # weight tying: the output projection is the token embedding (paperswithcode.com/method/weight-tying)
             self.transformer.wte.weight = self.lm_head.weight
         if config.rotary:  # the angles' cos and sin at every position, once: compiled, each layer's kernels would
-            # otherwise recompute them (pow, cos, sin) for every element of q and k, ~15% of a llama 1.3B step
+            # otherwise recompute them (pow, cos, sin) for every element of q and k (docs/llama.md has the cost)
             self.register_buffer('rope', self.rope_table(), persistent=False)
         self.apply(self._init_weights)
         # GPT-2 scales the init of the residual projections by 1/sqrt(2 * n_layer); zero_init_proj zeroes them
@@ -344,8 +344,8 @@ class GPT(nn.Module):
         return torch.stack(rotary(torch.arange(c.block_size, device=device), c.n_embd // c.n_head, c.rope_theta))
 
     def _apply(self, fn, recurse=True):
-        # nn.Module's moves and casts, then the rotary table computed again on its new device and in float32, as
-        # forward computed it: casting the weights to bf16 for generation must not round it
+        # nn.Module's moves and casts, then the rotary table computed again, on the device that uses it and in
+        # float32: casting the weights to bf16 for generation must not round it
         super()._apply(fn, recurse)
         if self.config.rotary:
             self.rope = self.rope_table(self.rope.device)
