@@ -236,12 +236,12 @@ def evaluate(due):
 
 
 def micro_batches():
-    """This step's micro-batches, each read (and copied to the GPU) while the GPU runs the one before it."""
+    """This step's micro-batches; the next is read (and copied to the GPU) once the GPU has work: after the one
+    handed over is queued, the next step's after the last backward (or the graph's replay)."""
     global X, Y
     for _ in range(run.micro_steps):
-        batch = X, Y
+        yield X, Y
         X, Y = train_loader.next_batch()
-        yield batch
 
 
 def finish(stopped=False):

@@ -134,6 +134,37 @@ def test_a_non_finite_step_is_skipped_on_the_device(monkeypatch, graphed):
     assert opt.state[next(model.parameters())]['step'].item() == 3  # the skipped step is not counted
 
 
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "fake-graph"])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_the_next_batch_is_read_after_the_step_is_queued(monkeypatch, graphed, accum):
+    """train.py's micro_batches reads the next batch after handing one over; run() must take exactly accum
+    batches before the step and let the generator read the next step's only after it, so the read overlaps the
+    GPU's work instead of coming between two steps while the GPU waits."""
+    if graphed:
+        monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    model = tiny()
+    graph = stepgraph.StepGraph(model, adamw(model), nullcontext(), 1.0, accum, B, T, 'cpu', graphed=graphed)
+    events, data = [], iter(batches(3 * accum + 1))
+    if graphed:  # captured first (the fake recording runs the step once); each run() then replays it
+        graph.capture()
+        replay = graph.graph.replay
+        monkeypatch.setattr(graph.graph, "replay", lambda: events.append("step") or replay())
+    else:
+        body = graph.body
+        monkeypatch.setattr(graph, "body", lambda update=True: events.append("step") or body(update))
+    held = [next(data)]
+
+    def micro_batches():  # train.py's
+        for _ in range(accum):
+            yield held[0]
+            held[0] = next(data)
+            events.append("read")
+
+    for _ in range(3):
+        graph.run(micro_batches())
+    assert events == (["read"] * (accum - 1) + ["step", "read"]) * 3
+
+
 def test_portable_state_resumes_without_the_graph():
     model = tiny()
     opt = adamw(model)

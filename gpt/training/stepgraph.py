@@ -42,16 +42,22 @@ class StepGraph:
 
     def run(self, batches):
         """One step on the accum micro-batches (X, Y) that `batches` yields, at the rate set_lr gave; returns
-        train_step's (mean loss, gradient norm)."""
-        for i, (X, Y) in enumerate(batches):
+        train_step's (mean loss, gradient norm). The iterator is finished after the replay is launched, so what
+        it does after its last batch (train.py reads the next step's) overlaps the GPU's work, as in an eager step."""
+        batches = iter(batches)
+        for i in range(self.accum):
+            X, Y = next(batches)
             self.x[i].copy_(X)
             self.y[i].copy_(Y)
         if not self.graphed:
-            return self.body()
-        if self.graph is None:
-            self.capture()
-        self.graph.replay()
-        return self.out
+            out = self.body()
+        else:
+            if self.graph is None:
+                self.capture()
+            self.graph.replay()
+            out = self.out
+        next(batches, None)
+        return out
 
     def capture(self):
         """Warm up, then record body() as torch.cuda.graphs' documentation does. The warm-up runs compile,
