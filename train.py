@@ -221,7 +221,7 @@ def evaluate(due):
     row = {}
     if due.loss:
         losses = evaluation.estimate_loss(model, lambda split: loader(split, stream=1), run.eval_iters, ctx, run.device,
-                                          stop=stop.check)  # a signal abandons it: checkpoint, exit
+                                          stop.check, step_graph and step_graph.eval_loss)  # a signal abandons it
         row.update(train_loss=losses['train'], val_loss=losses['val'], perplexity=math.exp(min(losses['val'], 700)))
     if due.hellaswag:
         hs = hellaswag_eval.evaluate(eval_model, hellaswag_examples, tokenizer, run.device, ctx, run.rank,

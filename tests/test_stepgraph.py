@@ -203,3 +203,59 @@ def test_cuda_graph_step_matches_the_plain_loop(accum):
     assert graph.graph is not None
     for p, q in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=0, atol=0)
+
+
+def fake_eval_capture(self):
+    """EvalGraph.capture with a FakeGraph (recording runs the forward, which changes nothing)."""
+    self.graph = FakeGraph()
+    with self.graph:
+        self.loss = self.body()
+
+
+class Windows:
+    """estimate_loss's loader: the same batches at every evaluation."""
+
+    def __init__(self, data):
+        self.data = iter(data)
+
+    def next_batch(self):
+        return next(self.data)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_evaluations_graph_gives_the_eager_losses_as_the_weights_train(monkeypatch, dtype):
+    """Evaluations between graphed steps: the replayed forward reads the weights as they are at each one (under
+    autocast too, whose cached casts would be stale copies), equal to the eager forward's losses."""
+    monkeypatch.setattr(stepgraph.StepGraph, "capture", fake_capture)
+    monkeypatch.setattr(stepgraph.EvalGraph, "capture", fake_eval_capture)
+    from gpt.training.evaluation import estimate_loss
+    model = tiny()
+    ctx = torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32)
+    graph = stepgraph.StepGraph(model, adamw(model), ctx, 1.0, 1, B, T, 'cpu')
+    data, evals = iter(batches(4)), batches(3)
+    seen = []
+    for _ in range(3):
+        got = estimate_loss(model, lambda split: Windows(evals), 3, ctx, 'cpu', forward=graph.eval_loss)
+        want = estimate_loss(model, lambda split: Windows(evals), 3, ctx, 'cpu')
+        assert got == want and model.training
+        seen.append(got['val'])
+        graph_step(graph, data, 1, 2**-6)
+    assert len(set(seen)) == 3  # the weights moved between evaluations
+    assert isinstance(graph.eval_loss.graph, FakeGraph)
+
+
+@pytest.mark.cuda
+def test_cuda_evaluations_graph_matches_the_eager_forward():
+    """A real capture of the evaluations' forward, under bf16 autocast, between real graphed steps."""
+    from gpt.training.evaluation import estimate_loss
+    model = tiny('cuda')
+    ctx = torch.autocast('cuda', dtype=torch.bfloat16)
+    graph = stepgraph.StepGraph(model, adamw(model), ctx, 1.0, 1, B, T, 'cuda')
+    data, evals = iter(batches(4, 'cuda')), batches(3, 'cuda')
+    seen = []
+    for _ in range(3):
+        got = estimate_loss(model, lambda split: Windows(evals), 3, ctx, 'cuda', forward=graph.eval_loss)
+        assert got == pytest.approx(estimate_loss(model, lambda split: Windows(evals), 3, ctx, 'cuda'), rel=1e-6)
+        seen.append(got['val'])
+        graph_step(graph, data, 1, 2**-6)
+    assert len(set(seen)) == 3 and graph.eval_loss.graph is not None

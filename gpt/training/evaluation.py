@@ -47,11 +47,12 @@ def all_ranks_mean(value, device):
 
 
 @torch.no_grad()
-def estimate_loss(model, loader, eval_iters, ctx, device, stop=None):
+def estimate_loss(model, loader, eval_iters, ctx, device, stop=None, forward=None):
     """Mean loss over eval_iters batches of each split, from loader(split): the same batches at every evaluation
     and on any number of processes, rank r of N evaluating batches r, r+N, ... (docs/monitoring.md#evaluations).
     stop(), asked after each batch (on every rank alike: it may be a collective), abandons the evaluation:
-    the result is then None, never a partial mean."""
+    the result is then None, never a partial mean. forward(X, Y), a batch's loss, replaces model(X, Y) under
+    ctx (gpt/training/stepgraph.py's EvalGraph)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     rounds = -(-eval_iters // world)  # every rank runs as many forwards: FSDP gathers the weights in each
     out, progress = {}, Progress(2 * eval_iters, quiet=rank != 0)
@@ -66,8 +67,11 @@ def estimate_loss(model, loader, eval_iters, ctx, device, stop=None):
                         batches.skip()  # another rank's
                     continue
                 X, Y = batches.next_batch()  # past eval_iters: a batch whose loss is not counted
-                with ctx:
-                    _, loss = model(X, Y)
+                if forward is None:
+                    with ctx:
+                        _, loss = model(X, Y)
+                else:
+                    loss = forward(X, Y)
                 if k < eval_iters:
                     losses[k] = loss
                 progress.update(len(out) * eval_iters + min(k + world - rank, eval_iters))

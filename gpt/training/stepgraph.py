@@ -3,7 +3,8 @@ The training step as one CUDA graph (cuda_graph=True, one CUDA GPU, or under tor
 over NCCL, whose all-reduces the graph records too): every micro-step's forward and backward, the clipping and
 the update, recorded once and replayed every iteration (docs/benchmarks.md). A graph needs fixed shapes and
 addresses and no value read back on the CPU: the batches are copied into fixed buffers, the learning rate is a
-GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update on the GPU.
+GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update on the GPU. The
+evaluations' forward gets a graph of its own (EvalGraph).
 """
 import torch
 
@@ -30,6 +31,7 @@ class StepGraph:
             group['lr'] = torch.zeros_like(self.lr) if scaled else self.lr
             group['capturable'] = True  # lets torch's optimizer be captured (fused AdamW runs the same kernels)
         self.graph = self.out = None
+        self.eval_loss = EvalGraph(model, ctx, warmups) if graphed else None  # estimate_loss's `forward`
 
     def body(self, update=True):
         """train_step on the buffers; update=False skips the update (the warm-up)."""
@@ -77,6 +79,41 @@ class StepGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = self.body()
+
+
+class EvalGraph:
+    """The evaluations' forward, model(X, Y)'s loss under ctx, replayed from a graph of its own: eagerly, a small
+    model's forward waits on the CPU launching its kernels. Recorded at the first batch, in eval mode; a replay
+    reads the weights as they are then, so one graph serves every evaluation. It keeps one forward's memory."""
+
+    def __init__(self, model, ctx, warmups=1):
+        self.model, self.ctx, self.warmups, self.graph, self.x = model, ctx, warmups, None, None
+
+    def body(self):
+        with self.ctx:  # entered inside the recording, as train_step's: the weights' casts are in the graph
+            return self.model(self.x, self.y)[1]
+
+    def __call__(self, X, Y):
+        """The loss of batch (X, Y): the graph's own output, overwritten by the next call."""
+        if self.x is None or self.x.shape != X.shape:
+            self.x, self.y = X.clone(), Y.clone()
+            self.capture()
+        self.x.copy_(X)
+        self.y.copy_(Y)
+        self.graph.replay()
+        return self.loss
+
+    def capture(self):
+        """Warm up on a side stream (kernel choices, compiles), as StepGraph.capture does, then record body()."""
+        stream = torch.cuda.Stream(self.x.device)
+        stream.wait_stream(torch.cuda.current_stream(self.x.device))
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmups):
+                self.body()
+        torch.cuda.current_stream(self.x.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self.body()
 
 
 def problem(device_type, distributed, dtype, activation_checkpointing):
