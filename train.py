@@ -111,7 +111,7 @@ dtype: Setting(resume=TRAINING) = 'auto'  # 'float32', 'bfloat16' or 'float16'; 
 init_device: Setting(hardware.INIT_DEVICES) = 'device'  # new weights drawn on 'device' or 'cpu' (nanoGPT's)
 compile: Setting() = True  # use PyTorch 2.0 to compile the model to be faster
 fused_loss: Setting() = False  # True: the loss a chunk at a time, without the (B, T, vocab) logits
-cuda_graph: Setting() = False  # True: replay the step from a CUDA graph (a CUDA GPU; torchrun needs ddp_sync='hooks')
+cuda_graph: Setting() = False  # True: step and evaluations as CUDA graphs (a CUDA GPU; torchrun: ddp_sync='hooks')
 cudnn_attention: Setting() = True  # False: never cuDNN's attention kernel (flash instead): a shorter cold start
 seed: Setting(SEED, kept("the run's random streams go on from the checkpoint")) = 1337  # weights, data, dropout
 # -----------------------------------------------------------------------------
