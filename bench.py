@@ -98,8 +98,7 @@ def profile_path(B):
 def real_tokens():
     """train.bin of data/<dataset> or data_dir (a sharded dataset's first shard), checked as train.py checks it."""
     folder, meta, hint = find_dataset(dataset, data_dir)
-    shards = list_shards(folder, 'train')
-    if not shards:
+    if not (shards := list_shards(folder, 'train')):
         token_dtype = (meta or {}).get('dtype', 'uint16')
         return open_tokens(check_split(folder, 'train', block_size, vocab_size, token_dtype, hint), token_dtype)
     tokens = open_shard(shards[0])

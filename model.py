@@ -10,6 +10,7 @@ import inspect
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -32,16 +33,11 @@ _SDPA_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTIO
 ARCHITECTURE, INITIALISATION, RUNTIME = 'architecture', 'initialisation', 'runtime'
 
 
-def architecture(default, check=()):
-    return field(default=default, metadata={'kind': ARCHITECTURE, 'check': check})
+def _field(kind, default, check=()):
+    return field(default=default, metadata={'kind': kind, 'check': check})
 
 
-def initialisation(default):
-    return field(default=default, metadata={'kind': INITIALISATION})
-
-
-def runtime(default):
-    return field(default=default, metadata={'kind': RUNTIME})
+architecture, initialisation, runtime = (partial(_field, kind) for kind in (ARCHITECTURE, INITIALISATION, RUNTIME))
 
 
 @dataclass
@@ -306,8 +302,7 @@ class GPT(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.vocab_size is not None
-        assert config.block_size is not None
+        assert config.vocab_size is not None and config.block_size is not None
         self.config = config
         kv_size = config.n_kv_head * (config.n_embd // config.n_head)
         self.transformer = nn.ModuleDict(dict(
@@ -370,10 +365,9 @@ class GPT(nn.Module):
             torch.nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, cache=None, reduction="mean"):
-        """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none'
-        gives the loss of every position (B, T), 0 where ignored. Without targets, only the last position's
-        logits are computed (all that generation needs). With a KVCache (generation.py), idx holds only the
-        new positions."""
+        """Logits and loss for a batch of token ids (B, T). Targets of -1 are ignored; reduction='none' gives the loss
+        of every position (B, T), 0 where ignored. Without targets, only the last position's logits are computed (all
+        that generation needs). With a KVCache (generation.py), idx holds only the new positions."""
         b, t = idx.size()
         if cache is None:
             assert t <= self.config.block_size, \

@@ -79,13 +79,10 @@ model.to(device)
 # on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
 ctx = hardware.for_generation(model, device_type, dtype)
 # compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)
-compile_step = hardware.can_compile(compile, device_type)
-if compile_step:
+if compile_step := hardware.can_compile(compile, device_type):
     print("compiling the decode step at the first new token (~10-20 s)")
 
-# encode the beginning of the prompt
-start_ids = tokenizer.encode(start)
-if not start_ids:
+if not (start_ids := tokenizer.encode(start)):
     raise errors.UserError("the prompt is empty: give at least one token with --start=...")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 
@@ -94,7 +91,6 @@ x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]
 bar = tqdm(total=num_samples * max_new_tokens, unit='tok', leave=False,
            disable=None if num_samples * max_new_tokens >= 1000 else True)
 
-# run generation
 with torch.no_grad(), ctx:
     for k in range(num_samples):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,

@@ -76,8 +76,7 @@ def process(example):
     if not isinstance(text, str):  # a row without the column (null), or a number: no document; counted below
         return {"ids": [], "len": 0}
     tok = get_tokenizer(None) if meta["tokenizer"] == "gpt2" else hf_tokenizer_file(tokenizer_file, meta["eot"])
-    ids = tok.encode_ordinary(text)  # special tokens in the text are plain text
-    ids.append(meta["eot"])  # add the end of text token, e.g. 50256 for gpt2 bpe
+    ids = tok.encode_ordinary(text) + [meta["eot"]]  # special tokens in the text are plain text; then the separator
     return {"ids": ids, "len": len(ids)}
 
 

@@ -30,11 +30,8 @@ print("all the unique characters:", "".join(meta["itos"]))
 print(f"vocab size: {meta['vocab_size']:,}")
 tok = Tokenizer("char", meta["itos"])
 
-# create the train and test splits
 cut = int(len(data) * 0.9)
 train_data, val_data = data[:cut], data[cut:]
-
-# encode both to integers
 train_ids, val_ids = tok.encode(train_data), tok.encode(val_data)
 print(f"train has {len(train_ids):,} tokens")
 print(f"val has {len(val_ids):,} tokens")

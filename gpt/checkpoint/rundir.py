@@ -268,8 +268,7 @@ def earlier_runs(out_dir):
 def set_aside(out_dir):
     """Move an earlier run's files into out_dir/earlier-<date>-<time>/, saying so; returns that folder, or None
     when there was nothing to move. A failure moves them back."""
-    names = earlier_run(out_dir)
-    if not names:
+    if not (names := earlier_run(out_dir)):
         return None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     dest, n = os.path.join(out_dir, f"earlier-{stamp}"), 1

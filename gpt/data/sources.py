@@ -197,8 +197,7 @@ def load_local_splits(path, num_proc=1, streaming=False):
     path exists: check_document_options said so."""
     datasets = import_datasets()
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
-        ds = datasets.load_from_disk(path)
-        val = None
+        ds, val = datasets.load_from_disk(path), None
         if isinstance(ds, datasets.DatasetDict):
             val_name = next((name for name in VAL_SPLITS if name in ds), None)
             others = [name for name in ds if name != val_name]

@@ -181,8 +181,7 @@ def dataset_tokenizer(choice, out_dir, texts=None, vocab_size=None):
         tokenizer_json = train_bpe(texts(), vocab_size).to_str()
     else:
         try:
-            with open(choice, encoding="utf-8") as f:
-                tokenizer_json = f.read()
+            tokenizer_json = Path(choice).read_text(encoding="utf-8")
         except OSError as e:
             raise UserError(f"--tokenizer {choice}: not gpt2, train, or a readable tokenizers JSON file "
                             f"({e.strerror or e})")

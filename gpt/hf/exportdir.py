@@ -43,8 +43,7 @@ def _recorded(folder):
 
 def not_ours(folder):
     """The entries of a folder that no earlier export wrote, each with why where that is not plain."""
-    recorded = _recorded(folder)
-    strangers = []
+    recorded, strangers = _recorded(folder), []
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if name == MARKER and recorded:

@@ -20,8 +20,7 @@ def gpt2_bpe_vocab_merges():
     GPT2_TIKTOKEN_FILE is enough). Each merge is recovered by running BPE on the token's bytes with only
     the merges ranked below it: what is left are the two halves whose merge made the token."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
-    ranks = gpt2_encoding()._mergeable_ranks
-    byte_char = bytes_to_unicode()
+    ranks, byte_char = gpt2_encoding()._mergeable_ranks, bytes_to_unicode()
     text = lambda token: "".join(byte_char[b] for b in token)
 
     def halves(token, rank):

@@ -31,8 +31,7 @@ def _loss_and_grad(z_ptr, stride, t_ptr, loss_ptr, cap, V: tl.constexpr, BLOCK: 
     target = tl.load(t_ptr + row).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     # pass 1: the row's log-sum-exp, with a running maximum (every block has at least one logit)
-    m = tl.zeros([], tl.float32) - float('inf')
-    s = tl.zeros([], tl.float32)
+    m, s = tl.zeros([], tl.float32) - float('inf'), tl.zeros([], tl.float32)
     for start in range(0, V, BLOCK):
         at = start + cols
         z, _ = _capped(tl.load(z_row + at, mask=at < V, other=0.0).to(tl.float32), cap, SOFTCAP)

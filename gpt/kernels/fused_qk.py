@@ -37,12 +37,10 @@ def _forward(x_ptr, y_ptr, cos_ptr, sin_ptr, rows, H, T, sxb, sxt, sxh, eps,
     x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
     if NORM:
         inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
-        x1 = x1 * inv[:, None]
-        x2 = x2 * inv[:, None]
+        x1, x2 = x1 * inv[:, None], x2 * inv[:, None]
     if ROPE:  # cos and sin are (T, 2 * HALF), their two halves equal
         at = t[:, None] * (2 * HALF) + cols[None, :]
-        c = tl.load(cos_ptr + at, mask=mask, other=0.0)
-        s = tl.load(sin_ptr + at, mask=mask, other=0.0)
+        c, s = tl.load(cos_ptr + at, mask=mask, other=0.0), tl.load(sin_ptr + at, mask=mask, other=0.0)
         x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
     y_at = y_ptr + r[:, None] * (2 * HALF) + cols[None, :]  # y is contiguous (B, T, H, 2 * HALF)
     tl.store(y_at, x1.to(y_ptr.dtype.element_ty), mask=mask)
@@ -59,19 +57,16 @@ def _backward(x_ptr, g_ptr, dx_ptr, cos_ptr, sin_ptr, rows, H, T, sxb, sxt, sxh,
     g2 = tl.load(g_at + HALF, mask=mask, other=0.0).to(tl.float32)
     if ROPE:  # the rotation's transpose: the rotation by minus the angle
         at = t[:, None] * (2 * HALF) + cols[None, :]
-        c = tl.load(cos_ptr + at, mask=mask, other=0.0)
-        s = tl.load(sin_ptr + at, mask=mask, other=0.0)
+        c, s = tl.load(cos_ptr + at, mask=mask, other=0.0), tl.load(sin_ptr + at, mask=mask, other=0.0)
         g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
     if NORM:  # recompute the normalised row n from x, then dx = r (dn - n mean(dn n))
         x_at = x_ptr + (b * sxb + t * sxt + h * sxh)[:, None] + cols[None, :]
         x1 = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(x_at + HALF, mask=mask, other=0.0).to(tl.float32)
         inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
-        n1 = x1 * inv[:, None]
-        n2 = x2 * inv[:, None]
+        n1, n2 = x1 * inv[:, None], x2 * inv[:, None]
         dot = (tl.sum(g1 * n1, 1) + tl.sum(g2 * n2, 1)) / (2 * HALF)
-        g1 = inv[:, None] * (g1 - n1 * dot[:, None])
-        g2 = inv[:, None] * (g2 - n2 * dot[:, None])
+        g1, g2 = inv[:, None] * (g1 - n1 * dot[:, None]), inv[:, None] * (g2 - n2 * dot[:, None])
     dx_at = dx_ptr + r[:, None] * (2 * HALF) + cols[None, :]
     tl.store(dx_at, g1.to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(dx_at + HALF, g2.to(dx_ptr.dtype.element_ty), mask=mask)

@@ -35,8 +35,7 @@ def configure(model, weight_decay, learning_rate, betas, device_type):
     """nanoGPT's AdamW of the model's trainable parameters (GPT.configure_optimizers): every weight matrix and
     embedding decays, biases and norm gains do not."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay_params = [p for p in params if p.dim() >= 2]
-    nodecay_params = [p for p in params if p.dim() < 2]
+    decay_params, nodecay_params = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
     optim_groups = [dict(params=decay_params, weight_decay=weight_decay), dict(params=nodecay_params, weight_decay=0.0)]
     n_decay, n_nodecay = sum(p.numel() for p in decay_params), sum(p.numel() for p in nodecay_params)
     print(f"num decayed parameter tensors: {len(decay_params)}, with {n_decay:,} parameters")

@@ -134,8 +134,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         skip = None if found_inf is None else found_inf > 0
         buckets, rates = {}, []
         for group in (g for g in self.param_groups if g['muon']):
-            params = [p for p in group['params'] if p.grad is not None]
-            if not params:
+            if not (params := [p for p in group['params'] if p.grad is not None]):
                 continue
             rate = group['lr'] * group['lr_scale']  # a float, or a 0-dim tensor (the CUDA graph's rate)
             rates.append(rate if found_inf is None else rate * (1 - found_inf))  # zero on a skipped step
@@ -205,8 +204,7 @@ def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, m
     if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
         raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
                         f"{muon_lr}, {scalar_lr})")
-    muon_ids = {id(p) for p, _ in muon_params}
-    scalar_ids = {id(p) for p in scalars} if scalar_lr else set()
+    muon_ids, scalar_ids = {id(p) for p, _ in muon_params}, {id(p) for p in scalars} if scalar_lr else set()
     adamw_params = [p for p in adamw_params if id(p) not in muon_ids]
     by_split = {}
     for p, splits in muon_params:

@@ -82,8 +82,7 @@ def launch(environ, gpus):
     if "RANK" not in environ:
         return None
     how = "launch with torchrun (it sets them all), or unset RANK to train in one process"
-    missing = [k for k in TORCHRUN_VARIABLES if not environ.get(k)]
-    if missing:
+    if missing := [k for k in TORCHRUN_VARIABLES if not environ.get(k)]:
         raise UserError(f"RANK is set, so this is a torchrun launch, but {', '.join(missing)} "
                         f"{'is' if len(missing) == 1 else 'are'} not: {how}")
     values = {}
@@ -158,8 +157,7 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
                             ddp_sync=sync), compile, several)  # the plan has checked them: callers of their own
     if parallelism == "ddp":
         # on the model as built, not compiled; hooks have no static graph
-        problem = several and static_graph and sync == "wrapper" and static_graph_problem(model)
-        if problem:
+        if problem := several and static_graph and sync == "wrapper" and static_graph_problem(model):
             print(f"ddp_static_graph: off ({problem})")
         if compile and compile_scope == "blocks":
             print(f"compiling one transformer block, reused by all {len(model.transformer.h)}...")
@@ -215,8 +213,7 @@ def static_graph_problem(model):
         grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
     finally:
         model.train(training)
-    unused = [name for (name, _), g in zip(params, grads) if g is None]
-    if unused:
+    if unused := [name for (name, _), g in zip(params, grads) if g is None]:
         return (f"{len(unused)} parameters get no gradient from a training step ({', '.join(unused[:3])}"
                 f"{', ...' if len(unused) > 3 else ''}), so the steps may differ")
     return None

@@ -89,8 +89,7 @@ def render_example(example, tokenizer):
     ctx = tokenizer.encode(example["ctx"])
     endings = [tokenizer.encode(" " + ending) for ending in example["endings"]]
     width = max(len(ctx) + len(end) for end in endings)
-    tokens = torch.zeros(4, width, dtype=torch.long)
-    mask = torch.zeros(4, width, dtype=torch.long)
+    tokens, mask = torch.zeros(4, width, dtype=torch.long), torch.zeros(4, width, dtype=torch.long)
     for i, end in enumerate(endings):
         tokens[i, :len(ctx) + len(end)] = torch.tensor(ctx + end, dtype=torch.long)
         mask[i, len(ctx):len(ctx) + len(end)] = 1
@@ -119,8 +118,7 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
             rows.append((tok[start:n], msk[start:n]))
     longest = max(len(tok) for tok, _ in rows) - 1
     T = min(max(1, -(-longest // pad_multiple)) * pad_multiple, block_size)
-    tokens = torch.zeros(n_rows, T + 1, dtype=torch.long)
-    mask = torch.zeros(n_rows, T + 1, dtype=torch.long)
+    tokens, mask = torch.zeros(n_rows, T + 1, dtype=torch.long), torch.zeros(n_rows, T + 1, dtype=torch.long)
     for i, (tok, msk) in enumerate(rows):
         tokens[i, :len(tok)] = tok
         mask[i, :len(msk)] = msk

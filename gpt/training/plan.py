@@ -241,8 +241,7 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
                         "checkpoint_interval, and evaluate checkpoints with hellaswag.py")
     if config['sample_interval']:
         check_prompt(config['sample_prompt'], meta, model['vocab_size'])
-    fresh = src.kind != 'resume'
-    writes = not config['eval_only']
+    fresh, writes = src.kind != 'resume', not config['eval_only']
     if rank == 0 and writes:
         rundir.check(config['out_dir'], fresh=fresh)  # writable, and no live run in it
     earlier = tuple(rundir.earlier_run(config['out_dir']) if fresh and os.path.isdir(config['out_dir']) else ())
@@ -380,8 +379,7 @@ def refuse_other_architecture(config, given, src, theirs, skip=()):
                                     **{k: 0 for k in ('n_kv_head', 'mlp_hidden') if k in keys and not config[k]}}))
     except UserError:  # the fields given do not even make a model together: compare them as they are
         asked = {k: config[k] for k in keys}
-    differ = [k for k in keys if asked[k] != theirs[k]]
-    if not differ:
+    if not (differ := [k for k in keys if asked[k] != theirs[k]]):
         return
     what = (f"the checkpoint {src.name} is a" if src.kind == 'resume' else f"the pretrained model {src.name} is a")
     shape = f"{theirs['n_layer']}-layer, {theirs['n_embd']}-wide {theirs['family']} model"
@@ -396,8 +394,7 @@ def refuse_other_architecture(config, given, src, theirs, skip=()):
 def refuse_ignored_initialisation(config, given, src, made_with):
     """An initialisation field does nothing when the weights exist already: a value the user gave that differs
     from made_with (what made them: the checkpoint's run's values; a pretrained model's: the defaults) is refused."""
-    differ = [k for k in made_with if k in given and config[k] != made_with[k]]
-    if differ:
+    if differ := [k for k in made_with if k in given and config[k] != made_with[k]]:
         raise UserError(", ".join(f"{k}={config[k]!r}" for k in differ) + " only sets how a new model's weights "
                         f"start, and this run starts from {src.name}'s weights (made with "
                         + ", ".join(f"{k}={made_with[k]!r}" for k in differ) + "): leave it out, or train a new "

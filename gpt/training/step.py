@@ -102,8 +102,7 @@ class StepMeter:
         if not run.master:
             return
         if local_iter_num >= 5:
-            mfu = self.model.estimate_mfu(run.micro_batch * run.micro_steps, dt, self.peak_flops)
-            if mfu is not None:
+            if (mfu := self.model.estimate_mfu(run.micro_batch * run.micro_steps, dt, self.peak_flops)) is not None:
                 self.mfu = mfu if self.mfu == -1.0 else 0.9 * self.mfu + 0.1 * mfu
         if local_iter_num >= 1:
             self.timed = [self.timed[0] + dt, self.timed[1] + 1]
