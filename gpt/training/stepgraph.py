@@ -67,18 +67,14 @@ class StepGraph:
         numbers it drew (dropout), so the run is the one it would be without the graph. The step ends with
         zero_grad(set_to_none): in the graph, each replay's first backward writes the gradients afresh (GradSync's,
         zeroed in place, add into the same buckets every replay, whose all-reduces the graph holds too)."""
-        device = self.x.device
-        rng = torch.cuda.get_rng_state(device)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        rng = torch.cuda.get_rng_state(self.x.device)
+
+        def warm_up():
             for _ in range(self.warmups):
                 self.body(update=False)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.set_rng_state(rng, device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.body()
+            torch.cuda.set_rng_state(rng, self.x.device)
+
+        self.graph, self.out = record(warm_up, self.body, self.x.device)
 
 
 class EvalGraph:
@@ -104,16 +100,20 @@ class EvalGraph:
         return self.loss
 
     def capture(self):
-        """Warm up on a side stream (kernel choices, compiles), as StepGraph.capture does, then record body()."""
-        stream = torch.cuda.Stream(self.x.device)
-        stream.wait_stream(torch.cuda.current_stream(self.x.device))
-        with torch.cuda.stream(stream):
-            for _ in range(self.warmups):
-                self.body()
-        torch.cuda.current_stream(self.x.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = self.body()
+        self.graph, self.loss = record(lambda: [self.body() for _ in range(self.warmups)], self.body, self.x.device)
+
+
+def record(warm_up, body, device):
+    """warm_up() on a side stream (the first calls' set-ups: kernel choices, cuBLAS workspaces, compiles), then
+    body() recorded as a CUDA graph, as torch.cuda.graphs' documentation does; returns the graph and its output."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        warm_up()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        return graph, body()
 
 
 def problem(device_type, distributed, dtype, activation_checkpointing):
