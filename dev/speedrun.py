@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ sys.path.insert(0, ROOT)
 BUILDERS = {"techdocs": "dev/techdocs.py"}
 
 EVAL_LINE = re.compile(r"(?:\[rank\d+\]: )?step (\d+): .*?val loss ([0-9.]+)(?:.*?([0-9.]+)s since launch)?")
+ITER_LINE = re.compile(r"iter (\d+): .*?time ([0-9.]+)ms")
 
 
 def run_timestamped(cmd, cwd, log_path, env=None):
@@ -90,6 +92,19 @@ def parse_evals(lines):
             out.append(dict(step=int(m.group(1)), val=float(m.group(2)), t=t,
                             since_launch=float(m.group(3)) if m.group(3) else None))
     return out
+
+
+def breakdown(lines):
+    """Where a train.py run's time went, from its timestamped lines [(seconds, line)]: when its first step began
+    (the startup line), the median step of its iter lines after step 20 (ms), and the seconds each evaluation
+    (from the iter line before it, so with the steps since that line) and each checkpoint save took."""
+    steps = [float(m.group(2)) for _, line in lines if (m := ITER_LINE.match(line)) and int(m.group(1)) > 20]
+    evals = [round(t - t0, 3) for (t0, before), (t, line) in zip(lines, lines[1:])
+             if EVAL_LINE.match(line) and ITER_LINE.match(before)]
+    saves = [round(t - t0, 3) for (t0, before), (t, _) in zip(lines, lines[1:])
+             if before.startswith("saving checkpoint")]
+    return dict(first_step=next((t for t, line in lines if line.startswith("startup:")), None),
+                step_ms=statistics.median(steps) if steps else None, evals=evals, saves=saves)
 
 
 def full_split_loss(model, path, block_size, batch_size, device, ctx, dtype="uint16"):

@@ -6,7 +6,8 @@ recipes' goal (docs/benchmarks.md): config/train_shakespeare_char.py to val <= 1
     python dev/time_to_loss.py --target=1.47 --out=bench-out/char -- config/train_shakespeare_char.py --seed=1
 
 Each run gets its own empty Triton, inductor and CUDA-driver caches (cold) unless --warm; the log (every line
-with its arrival time) and a JSON summary go to --out.
+with its arrival time) and a JSON summary go to --out, the summary with where the time went (speedrun.breakdown:
+the first step's start, the median step, each evaluation and each save).
 """
 import argparse
 import json
@@ -31,12 +32,15 @@ def main():
     evals = speedrun.parse_evals(lines)
     reached = next((e for e in evals if e["val"] <= a.target), None)
     best = min(evals, key=lambda e: e["val"]) if evals else None
-    summary = dict(args=a.args, target=a.target, cold=not a.warm, reached=reached, best=best, end=lines[-1][0])
+    summary = dict(args=a.args, target=a.target, cold=not a.warm, reached=reached, best=best, end=lines[-1][0],
+                   **speedrun.breakdown(lines))
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"time to val <= {a.target}: " + (f"{reached['since_launch']:.1f} s (step {reached['step']}, "
           f"{reached['val']:.4f})" if reached else "not reached") +
           (f"; best {best['val']:.4f} at step {best['step']}, {best['since_launch']:.1f} s" if best else ""))
+    print(f"first step at {summary['first_step']} s, median step {summary['step_ms']} ms, evaluations "
+          f"{summary['evals']} s, saves {summary['saves']} s")
 
 
 if __name__ == "__main__":

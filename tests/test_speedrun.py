@@ -56,6 +56,17 @@ def test_runner_timestamps_lines_and_parses_both_trainers(tmp_path):
         speedrun.run_timestamped([sys.executable, "-c", "raise SystemExit(3)"], str(tmp_path), tmp_path / "x.jsonl")
 
 
+def test_breakdown_says_where_a_runs_time_went():
+    lines = [(0.1, "config: ..."), (2.0, "startup: first step at 2.0s since launch (import torch 1.0s)"),
+             (2.1, "iter 0: loss 4.2, lr 1e-05, norm 1.0, time 900.00ms, tok/s 18,204"),
+             *[(2.1 + i / 100, f"iter {i}: loss 3.0, norm 0.5, time {7 + i % 3}.00ms") for i in range(10, 60, 10)],
+             (2.9, "step 60: train loss 2.0, val loss 2.1000, perplexity 8.2, 2.9s since launch"),
+             (2.95, "saving checkpoint to out/ckpt.pt"), (3.2, "iter 60: loss 2.0, time 8.00ms")]
+    parts = speedrun.breakdown(lines)
+    # steps after the 20th only (the first ones compile and capture): 7, 8, 9, 8 ms at iters 30-60
+    assert parts == dict(first_step=2.0, step_ms=8.0, evals=[0.3], saves=[0.25])
+
+
 @pytest.mark.needs("matplotlib")
 def test_time_to_target_table_and_plot(tmp_path):
     evals = [dict(step=s, t=10.0 + s / 10, val=4 - s / 200) for s in (0, 100, 200, 260)]
@@ -84,6 +95,11 @@ def test_recipe_trains_and_its_checkpoint_is_scored(data_dir, tmp_path):  # noqa
     assert "muon:" in r.stdout
     evals = speedrun.parse_evals([(0.0, line) for line in r.stdout.splitlines()])
     assert [e["step"] for e in evals] == [0, 6] and all(e["since_launch"] is not None for e in evals)
+    # the breakdown reads train.py's own lines: its startup line, every step's time, the last evaluation (the
+    # first has no step before it) and the save
+    parts = speedrun.breakdown([(float(i), line) for i, line in enumerate(r.stdout.splitlines())])
+    assert parts["first_step"] is not None and len(parts["evals"]) == 1 and len(parts["saves"]) == 1
+    assert sum(bool(speedrun.ITER_LINE.match(line)) for line in r.stdout.splitlines()) == 6
     step, tokens, loss = speedrun.score(str(out / "ckpt.pt"), str(data_dir / "val.bin"), "cpu", batch_size=4)
     assert step == 6 and tokens == 6 * 2 * 32 * 2 and 0 < loss < 10
 
