@@ -103,7 +103,7 @@ def breakdown(lines):
              if EVAL_LINE.match(line) and ITER_LINE.match(before)]
     saves = [round(t - t0, 3) for (t0, before), (t, _) in zip(lines, lines[1:])
              if before.startswith("saving checkpoint")]
-    return dict(first_step=next((t for t, line in lines if line.startswith("startup:")), None),
+    return dict(first_step=next((round(t, 3) for t, line in lines if line.startswith("startup:")), None),
                 step_ms=statistics.median(steps) if steps else None, evals=evals, saves=saves)
 
 
