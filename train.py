@@ -26,7 +26,7 @@ with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from
 
 _imported_torch = time.time()
 import configurator
-from gpt import checkpoint, optim
+from gpt import checkpoint, kernels, optim
 from gpt.checkpoint import rundir
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import get_tokenizer
@@ -165,6 +165,7 @@ print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming 
        'pretrained': f"Initializing from pretrained weights: {run.init_from}"}[run.init])
 model = plan.build_model(run, source, run.seed)  # downloads GPT-2's weights for init_from=gpt2*
 model.to(run.device)
+kernels.precompile(model, (run.micro_batch, run.eval_batch), run.dtype, run.compile)  # Triton's, side by side
 scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16'))  # a no-op but for float16
 
 # compile the model, and spread it over the processes: DDP or FSDP2
