@@ -34,6 +34,7 @@ warmup_iters = 100  # not super necessary potentially
 
 # a model this small is bound by launching kernels, not by the GPU. Replaying each step from a CUDA graph
 # removes that (used only on one CUDA GPU); a cold compile would take longer than it can win back over 2000
-# steps (docs/benchmarks.md has both times)
+# steps, and cuDNN's attention builds its kernels at the first calls, which flash's does not (docs/benchmarks.md)
 cuda_graph = True
 compile = False
+cudnn_attention = False
