@@ -32,40 +32,33 @@ def qk_kernel(q):
 
 
 def precompile(model, batch_sizes, dtype, compiled):
-    """Compile the Triton kernels that model's steps and evaluations will run, side by side, before they are
-    needed: on a cold cache each is compiled at its first call (Triton's passes, ptxas, gcc for its launcher), one
-    after the other inside the first evaluation and step, and threads overlap the gcc and ptxas processes.
-    batch_sizes: the training micro-batch's first, then the evaluations'."""
+    """Compile the Triton kernels that the run will call before its first evaluation, each in a thread: a cold
+    cache compiles them one by one at their first calls otherwise, and threads overlap their gcc and ptxas
+    processes. batch_sizes: the training micro-batch's, then the evaluations'."""
     device = next(model.parameters()).device
     if compiled or device.type != 'cuda' or not HAS_TRITON:
         return
     if not (jobs := warm_ups(model.config, batch_sizes, dtype, device)):
         return
     import triton  # imports Triton: only where it runs
-
-    def on_device(job):
-        with torch.cuda.device(device):  # a new thread's current GPU is GPU 0
-            job()
-
     triton.runtime.driver.active.get_current_device()  # Triton's driver (a gcc build too), once, before the threads
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        for done in [pool.submit(on_device, job) for job in jobs]:
+    with ThreadPoolExecutor(len(jobs), initializer=torch.cuda.set_device, initargs=(device,)) as pool:
+        for done in [pool.submit(job) for job in jobs]:
             done.result()
     torch.cuda.synchronize(device)
 
 
 def warm_ups(cfg, batch_sizes, dtype, device):
-    """precompile's jobs: each runs kernels once on stand-ins of the run's tensors (the shapes, strides and dtype
-    that pick a kernel's variant) and drops the results; a stand-in that missed a variant would cost time, never
-    correctness. tests/test_precompile.py checks that they call what a step and an evaluation call."""
+    """precompile's jobs: each calls kernels once on stand-ins of the run's tensors (the shapes, strides and dtype
+    that pick a variant; one that missed would cost time, never correctness). tests/test_precompile.py checks
+    that they call every variant a step and an evaluation call."""
     qk = cfg.fused_qk and (cfg.qk_norm or cfg.pos_emb == 'rope')
     if not (qk or cfg.fused_loss):
         return []
     from gpt.kernels import cross_entropy, fused_qk  # imports Triton: only where it runs
     dtype, T, hs = getattr(torch, dtype), cfg.block_size, cfg.n_embd // cfg.n_head
-    rope = cfg.pos_emb == 'rope'
+    rope, eps = cfg.pos_emb == 'rope', cfg.norm_eps if cfg.qk_norm else None
     cos = sin = torch.zeros(T, hs, device=device) if rope else None
-    eps = cfg.norm_eps if cfg.qk_norm else None
     widths = [cfg.n_head * hs, cfg.n_kv_head * hs, cfg.n_kv_head * hs]
     views = [x.view(B, T, -1, hs) for B in dict.fromkeys(batch_sizes)  # q and k: views of c_attn's output
              for x in torch.zeros(B, T, sum(widths), dtype=dtype, device=device).split(widths, -1)[:2]]
