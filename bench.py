@@ -238,16 +238,13 @@ def bench_generate(B):
                 greedy_matches_uncached=bool(torch.equal(greedy, plain)))
 
 
-def git_revision():
-    try:  # GIT_REVISION: for copies of the tree without .git
-        return os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
-            capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except OSError:
-        return None
-
-
+try:  # GIT_REVISION: for copies of the tree without .git
+    git = os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
+        capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+except OSError:
+    git = None
 card = torch.cuda.get_device_name(device) if device_type == 'cuda' else device_type
-results = dict(card=card, torch=torch.__version__, git=git_revision(), config=config, train=[], generate=[])
+results = dict(card=card, torch=torch.__version__, git=git, config=config, train=[], generate=[])
 if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))
