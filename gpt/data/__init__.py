@@ -256,8 +256,7 @@ def check_output_file(path, option, make_folder=False):
     if os.path.isdir(path):
         raise UserError(f"{option}={path} is a folder: name the file to write (it may be in that folder)")
     folder = os.path.dirname(os.path.abspath(path))
-    if make_folder:
-        folder = nearest_existing(folder)
+    folder = nearest_existing(folder) if make_folder else folder
     if not os.path.isdir(folder):
         problem = "is not a folder" if os.path.lexists(folder) else "does not exist"
         raise UserError(f"{option}={path}: its folder {folder} {problem}: create it or choose another {option}")

@@ -248,8 +248,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
 
 def llama_from_hf(hf_model, dropout=0.0):
     """(model_args, state dict) of a llama-family GPT holding a transformers LlamaForCausalLM's weights."""
-    args = args_from_hf_config(hf_model.config, dropout)
-    theirs = hf_model.state_dict()
+    args, theirs = args_from_hf_config(hf_model.config, dropout), hf_model.state_dict()
     if args["tie_embeddings"]:
         theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
     return args, {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
@@ -292,7 +291,6 @@ def load_pretrained(model_type, dropout=0.0):
     for logger in quiet:  # their warnings (the hub's retries, the load report) would come before our one line
         logger.setLevel(logging.ERROR)
     try:
-        # a hub name: its files from the cache, or downloaded
         folder = model_type if os.path.isdir(model_type) else hub_folder(model_type, cached_file)
         check_folder(folder)
         try:

@@ -204,8 +204,7 @@ def static_graph_problem(model):
     """Why DDP's static_graph would be wrong for this model, or None: a parameter that gets no gradient from one
     pass marks a model whose steps may differ (docs/scaling.md, ddp_static_graph)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    device = params[0][1].device
-    idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
+    idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=params[0][1].device)
     training = model.training
     model.eval()
     try:
@@ -236,8 +235,7 @@ def compile_blocks(model):
 def bf16_allreduce_hook(group, bucket):
     """DDP's communication hook for ddp_reduce_dtype='bfloat16' (docs/scaling.md): torch's bf16_compress_hook's
     arithmetic, which also runs on gloo (CPU tests), where torch's refuses to."""
-    group = group or dist.group.WORLD
-    buffer = bucket.buffer()
+    group, buffer = group or dist.group.WORLD, bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
 
     def decompress(fut):
