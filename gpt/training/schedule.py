@@ -235,16 +235,9 @@ def no_decay_iters(c):
         f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})")
 
 
-def no_decay_frac(c):
-    return in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
-
-
-def no_min_lr(c):
-    return in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
-
-
-def no_schedule(c):
-    return in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
+no_decay_frac = lambda c: in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
+no_min_lr = lambda c: in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
+no_schedule = lambda c: in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
 
 
 def batch_in_tokens(c):
