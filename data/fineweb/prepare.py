@@ -45,8 +45,7 @@ def documents(dataset, column):
 
 
 def shard_path(out_dir, index):
-    split = "val" if index == 0 else "train"
-    return os.path.join(out_dir, f"fineweb_{split}_{index:06d}.bin")
+    return os.path.join(out_dir, f"fineweb_{'val' if index == 0 else 'train'}_{index:06d}.bin")
 
 
 def save(path, tokens):

@@ -135,8 +135,7 @@ def read_text(path, encoding="utf-8", errors="strict"):
                         f"{' of its uncompressed text' if kind else ''}): convert it, leave it out, or pass "
                         f"--errors=replace (U+FFFD for each byte that does not decode)")
     except (OSError, EOFError) as e:  # a damaged or cut-off archive (gzip.BadGzipFile, lzma.LZMAError are OSErrors)
-        damaged = f": its {kind.__name__} data is damaged" if kind else ""
-        raise UserError(f"{path} could not be read ({e}){damaged}")
+        raise UserError(f"{path} could not be read ({e})" + (f": its {kind.__name__} data is damaged" if kind else ""))
 
 
 # --- sources: local files and Hugging Face datasets (the scripts that read documents: fineweb, openwebtext)

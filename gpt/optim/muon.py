@@ -191,8 +191,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
             mine = torch.cat([mine, mine.new_zeros((per - len(mine), *mine.shape[1:]))])
         part = orthogonalize(mine, steps).contiguous()
         out = part.new_empty((per * world, *part.shape[1:]))
-        work = dist.all_gather_into_tensor(out, part, async_op=True)
-        return out[:k], work
+        return out[:k], dist.all_gather_into_tensor(out, part, async_op=True)
 
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,

@@ -101,8 +101,7 @@ def score(losses, mask):
     total loss (acc) and the lowest loss per token (acc_norm, which does not favour short endings)."""
     mask = mask.to(torch.float32)
     total = (losses.float() * mask).sum(-1)
-    mean = total / mask.sum(-1).clamp(min=1)
-    return total.argmin(-1), mean.argmin(-1)
+    return total.argmin(-1), (total / mask.sum(-1).clamp(min=1)).argmin(-1)
 
 
 def _collate(rendered, n_rows, block_size, pad_multiple):
@@ -122,8 +121,7 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
     for i, (tok, msk) in enumerate(rows):
         tokens[i, :len(tok)] = tok
         mask[i, :len(msk)] = msk
-    targets = torch.where(mask[:, 1:] == 1, tokens[:, 1:], -1)
-    return tokens[:, :-1], targets
+    return tokens[:, :-1], torch.where(mask[:, 1:] == 1, tokens[:, 1:], -1)
 
 
 def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_size=1, batch_examples=8,
