@@ -105,13 +105,6 @@ def check_space(export_dir, nbytes):
                         f"--export_dir (--dtype=bfloat16 halves the weights)")
 
 
-def _write_marker(folder):
-    files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
-    with atomic_write(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
-        json.dump({"written_by": "export.py", "files": files}, f, indent=1)
-        f.write("\n")
-
-
 def _swap(new, path):
     """Put the folder `new` at `path`, replacing what is there; on a failure `path` keeps what it held."""
     if not os.path.lexists(path):
@@ -144,7 +137,10 @@ def writing(export_dir):
         folder = new_folder(path)
         yield folder
         give_files_their_mode(folder)  # safetensors makes the weights private; every file as open() makes it
-        _write_marker(folder)
+        files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+        with atomic_write(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+            json.dump({"written_by": "export.py", "files": files}, f, indent=1)
+            f.write("\n")
         _swap(folder, path)
     except BaseException as e:
         if folder is not None:
