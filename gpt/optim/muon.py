@@ -19,9 +19,7 @@ from gpt.runtime.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting,
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
-
-def _without_muon(c):
-    return c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
+_without_muon = lambda c: c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
 
 
 def _no_learned_scalars(c):
@@ -81,9 +79,8 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         adamw = AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
         for group in muon_groups:
             group.update(muon=True, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
-            group.setdefault('splits', None)
-            group.setdefault('lr_scale', 1.0)
-            group.setdefault('weight_decay', 0.0)
+            for key, default in (('splits', None), ('lr_scale', 1.0), ('weight_decay', 0.0)):
+                group.setdefault(key, default)
         for group in adamw.param_groups:
             group['muon'] = False
         super().__init__(adamw.param_groups + muon_groups, {})
