@@ -71,12 +71,7 @@ config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), {**mu
     muon.SETTINGS['muon_shard'], unused=lambda c: c['optimizer'] == 'muon' and "bench.py runs one process")})
 settings.check(config, config.declared)  # values that are the right type but make no sense: one line each
 optim.check(optimizer, 'none')
-
-
-def listed(sizes):
-    return [int(b) for b in sizes.split(',') if b.strip()]
-
-
+listed = lambda sizes: [int(b) for b in sizes.split(',') if b.strip()]
 if not listed(batch_sizes) and not listed(gen_batch_sizes):
     raise errors.UserError("batch_sizes and gen_batch_sizes are both empty, so there is nothing to benchmark: give "
                            "micro-batch sizes to time (--batch_sizes=12,32), generation batch sizes "
@@ -89,10 +84,7 @@ declared = {**config.declared, **{k: replace(config.declared[k], unused=lambda c
     c[sizes]) and f"{sizes} is empty: {why}") for (sizes, why), names in ONLY.items() for k in names}}
 for line in settings.notes(config, declared):
     print(f"note: {line}")
-
-
-def profile_path(B):
-    return f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
+profile_path = lambda B: f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
 
 
 def real_tokens():
