@@ -222,11 +222,6 @@ def in_effect(c):
     return c['lr_schedule'] if c['decay_lr'] else 'none'
 
 
-def no_warmup(c):
-    return in_effect(c) == 'none' and ("decay_lr=False is nanoGPT's constant learning_rate without warm-up "
-                                       "(lr_schedule='constant' warms up, then stays)")
-
-
 def no_decay_iters(c):
     sched = in_effect(c)
     return sched in ('constant', 'wsd', 'none') and (
@@ -235,6 +230,8 @@ def no_decay_iters(c):
         f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})")
 
 
+no_warmup = lambda c: in_effect(c) == 'none' and ("decay_lr=False is nanoGPT's constant learning_rate without "
+                                                  "warm-up (lr_schedule='constant' warms up, then stays)")
 no_decay_frac = lambda c: in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
 no_min_lr = lambda c: in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
 no_schedule = lambda c: in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
