@@ -32,18 +32,12 @@ def _fingerprint(path):
     return {"bytes": size, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
 
 
-def _recorded(folder):
-    """{file name: fingerprint} from the folder's MARKER; {} if there is none or it is not one of ours."""
-    try:
-        files = json.loads(Path(folder, MARKER).read_text(encoding="utf-8"))["files"]
-        return files if isinstance(files, dict) else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def not_ours(folder):
     """The entries of a folder that no earlier export wrote, each with why where that is not plain."""
-    recorded, strangers = _recorded(folder), []
+    recorded, strangers = {}, []
+    with suppress(OSError, ValueError, KeyError, TypeError):  # {file name: fingerprint} from MARKER, if ours
+        files = json.loads(Path(folder, MARKER).read_text(encoding="utf-8"))["files"]
+        recorded = files if isinstance(files, dict) else {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if name == MARKER and recorded:
