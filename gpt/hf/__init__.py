@@ -379,11 +379,10 @@ def read_weights(folder):
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
     family, cfg = hf_config.model_type, ckpt.get('config', {})
-    try:  # training tokens (None where the config does not say)
+    tokens = None  # the training tokens, where the config says
+    with suppress(KeyError, TypeError, ValueError):
         tokens = int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
             int(cfg['block_size'])
-    except (KeyError, TypeError, ValueError):
-        tokens = None
     dataset = cfg.get('dataset')
     yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
             f'- "{family}"', '- "text-generation"']
