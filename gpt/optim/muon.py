@@ -20,12 +20,9 @@ from gpt.runtime.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting,
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 _without_muon = lambda c: c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
-
-
-def _no_learned_scalars(c):
-    return _without_muon(c) or (c['init_from'] == 'scratch' and not c['value_embeds'] and not c['skip_connections']
-                                and "the model has no learned scalars (value_embeds, skip_connections)")
-
+_no_learned_scalars = lambda c: _without_muon(c) or (
+    c['init_from'] == 'scratch' and not c['value_embeds'] and not c['skip_connections']
+    and "the model has no learned scalars (value_embeds, skip_connections)")
 
 # train.py's settings for Muon (optimizer='muon'), set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
