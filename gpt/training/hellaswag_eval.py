@@ -132,7 +132,6 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
     may be a collective), abandons the evaluation: the result is then None."""
     mine = examples[rank::world_size]
     common = -(-len(examples[world_size - 1::world_size]) // batch_examples)  # the last rank's count is the least
-    block_size = model.config.block_size
     # correct (acc), correct (acc_norm), examples: summed on the device, so the loop never waits for it
     counts = torch.tensor([0, 0, len(mine)], dtype=torch.long, device=device)
     was_training = model.training
@@ -143,7 +142,7 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
               tqdm(starts, desc="hellaswag", leave=False, disable=None if progress and rank == 0 else True) as bar):
             for j, i in enumerate(bar):
                 rendered = [render_example(example, tokenizer) for example in mine[i:i + batch_examples]]
-                x, y = _collate(rendered, 4 * batch_examples, block_size, pad_multiple)
+                x, y = _collate(rendered, 4 * batch_examples, model.config.block_size, pad_multiple)
                 x, y = x.to(device), y.to(device)
                 _, losses = model(x, y, reduction="none")
                 n, T = 4 * len(rendered), y.size(1)
