@@ -119,11 +119,7 @@ model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n
                          bias=bias, dropout=dropout, **{k: config[k] for k in GPTConfig.settings()})
 model_config.fused_qk = hardware.can_fuse_qk(model_config.fused_qk, model_config, device_type, compile)
 model_config.bf16_residual = hardware.can_bf16_residual(model_config.bf16_residual, dtype)
-
-
-def sync():
-    if device_type == 'cuda':
-        torch.cuda.synchronize()
+sync = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 
 
 def batches(B):
