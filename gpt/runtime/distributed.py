@@ -16,10 +16,8 @@ from torch.utils.checkpoint import checkpoint
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 from gpt.runtime.settings import POSITIVE, Setting
 
-
-def _hooks(c):
-    return c['ddp_sync'] == 'hooks' and "ddp_sync='hooks' has no DDP wrapper: gradients always in its own buckets"
-
+_hooks = lambda c: c['ddp_sync'] == 'hooks' and (
+    "ddp_sync='hooks' has no DDP wrapper: gradients always in its own buckets")
 
 # train.py's settings for DDP and FSDP2 (gpt/runtime/settings.py); the defaults are docs/scaling.md's fastest
 SETTINGS = dict(
