@@ -71,12 +71,7 @@ config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), {**mu
     muon.SETTINGS['muon_shard'], unused=lambda c: c['optimizer'] == 'muon' and "bench.py runs one process")})
 settings.check(config, config.declared)  # values that are the right type but make no sense: one line each
 optim.check(optimizer, 'none')
-
-
-def listed(sizes):
-    return [int(b) for b in sizes.split(',') if b.strip()]
-
-
+listed = lambda sizes: [int(b) for b in sizes.split(',') if b.strip()]
 if not listed(batch_sizes) and not listed(gen_batch_sizes):
     raise errors.UserError("batch_sizes and gen_batch_sizes are both empty, so there is nothing to benchmark: give "
                            "micro-batch sizes to time (--batch_sizes=12,32), generation batch sizes "
@@ -89,10 +84,7 @@ declared = {**config.declared, **{k: replace(config.declared[k], unused=lambda c
     c[sizes]) and f"{sizes} is empty: {why}") for (sizes, why), names in ONLY.items() for k in names}}
 for line in settings.notes(config, declared):
     print(f"note: {line}")
-
-
-def profile_path(B):
-    return f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
+profile_path = lambda B: f"{os.path.splitext(out_json)[0]}_profile_B{B}.txt"
 
 
 def real_tokens():
@@ -127,11 +119,7 @@ model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n
                          bias=bias, dropout=dropout, **{k: config[k] for k in GPTConfig.settings()})
 model_config.fused_qk = hardware.can_fuse_qk(model_config.fused_qk, model_config, device_type, compile)
 model_config.bf16_residual = hardware.can_bf16_residual(model_config.bf16_residual, dtype)
-
-
-def sync():
-    if device_type == 'cuda':
-        torch.cuda.synchronize()
+sync = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 
 
 def batches(B):
@@ -238,16 +226,13 @@ def bench_generate(B):
                 greedy_matches_uncached=bool(torch.equal(greedy, plain)))
 
 
-def git_revision():
-    try:  # GIT_REVISION: for copies of the tree without .git
-        return os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
-            capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except OSError:
-        return None
-
-
+try:  # GIT_REVISION: for copies of the tree without .git
+    git = os.environ.get('GIT_REVISION') or subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], text=True,
+        capture_output=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+except OSError:
+    git = None
 card = torch.cuda.get_device_name(device) if device_type == 'cuda' else device_type
-results = dict(card=card, torch=torch.__version__, git=git_revision(), config=config, train=[], generate=[])
+results = dict(card=card, torch=torch.__version__, git=git, config=config, train=[], generate=[])
 if check_batch_size:
     results['fast_vs_plain'] = check_fast_path(check_batch_size)
     print("fast path vs plain path: " + ", ".join(f"{k} {v:.5g}" for k, v in results['fast_vs_plain'].items()))

@@ -74,8 +74,7 @@ eot = tokenizer.eot if stop_at_eot else None
 if stop_at_eot and eot is None:
     print("stop_at_eot: this tokenizer has no end-of-text token, so each sample runs to max_new_tokens")
 
-model.eval()
-model.to(device)
+model.eval().to(device)
 # on a GPU the weights themselves become bf16 (fp16): autocast would cast float32 ones again every token
 ctx = hardware.for_generation(model, device_type, dtype)
 # compile the one-token decode step (its shapes stay fixed; the prompt runs once, eagerly)

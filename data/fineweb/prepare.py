@@ -38,15 +38,8 @@ def tokenize(text):
     return np.array([enc.eot_token] + enc.encode_ordinary(text), dtype=np.uint16)  # eot delimits all documents
 
 
-def documents(dataset, column):
-    # a batch at a time: much faster than one row at a time, and never the whole column in memory
-    for batch in dataset.select_columns([column]).iter(batch_size=1024):
-        yield from batch[column]
-
-
 def shard_path(out_dir, index):
-    split = "val" if index == 0 else "train"
-    return os.path.join(out_dir, f"fineweb_{split}_{index:06d}.bin")
+    return os.path.join(out_dir, f"fineweb_{'val' if index == 0 else 'train'}_{index:06d}.bin")
 
 
 def save(path, tokens):
@@ -79,8 +72,11 @@ def main():
     sources.make_out_dir(args.out_dir)
     buf = np.empty(args.shard_size, dtype=np.uint16)
     index, filled, total, bar, skipped = 0, 0, 0, None, 0
+    # the documents a batch at a time: much faster than one row at a time, and never the whole column in memory
+    column = args.text_column
+    documents = (text for batch in dataset.select_columns([column]).iter(batch_size=1024) for text in batch[column])
     with multiprocessing.Pool(args.num_proc) as pool:
-        for ids in pool.imap(tokenize, documents(dataset, args.text_column), chunksize=16):
+        for ids in pool.imap(tokenize, documents, chunksize=16):
             skipped += not len(ids)  # every document has at least its end-of-text token
             while len(ids):
                 if bar is None:  # disable=None: no bar when stderr is not a terminal

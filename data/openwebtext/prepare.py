@@ -128,7 +128,6 @@ if args.streaming:
 else:
     tokenized = split_dataset.map(process, remove_columns=dataset.column_names,
                                   desc="tokenizing the splits", num_proc=args.num_proc)
-    # concatenate all the ids in each dataset into one large file we can use for training
     lengths = {split: np.asarray(dset["len"], dtype=np.int64) for split, dset in tokenized.items()}
     sources.say_skipped(int(sum((lens == 0).sum() for lens in lengths.values())), args.text_column)
     for split, dset in tokenized.items():

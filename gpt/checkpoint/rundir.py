@@ -46,12 +46,10 @@ def check(out_dir, fresh):
                 lock(fd, out_dir)  # closing fd lets go of it again
             finally:
                 os.close(fd)
-    if fresh:
-        stuck = [f for f in earlier_run(out_dir) if os.path.isdir(os.path.join(out_dir, f))
-                 and not os.access(os.path.join(out_dir, f), os.W_OK)]  # moving a folder rewrites its '..'
-        if stuck:
-            raise UserError(f"out_dir {out_dir} holds an earlier run whose {', '.join(stuck)} cannot be moved aside "
-                            f"(not writable): choose another --out_dir, or resume it with --init_from=resume")
+    if fresh and (stuck := [f for f in earlier_run(out_dir) if os.path.isdir(os.path.join(out_dir, f))
+                            and not os.access(os.path.join(out_dir, f), os.W_OK)]):  # moving a folder rewrites its '..'
+        raise UserError(f"out_dir {out_dir} holds an earlier run whose {', '.join(stuck)} cannot be moved aside "
+                        f"(not writable): choose another --out_dir, or resume it with --init_from=resume")
 
 
 def check_no_links(out_dir):

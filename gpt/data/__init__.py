@@ -156,25 +156,19 @@ SHARD_HEADER_INTS = 256
 SHARD_VERSIONS = {1: "uint16", 2: "uint32"}
 
 
-def open_npy_shard(path):
-    """A read-only memmap over a build-nanogpt shard (its fineweb.py's np.save of a uint16 array)."""
-    check_readable(path, "token shard")
-    try:
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path} is not a readable .npy token shard ({e}); re-run the dataset's prepare script")
-    if tokens.ndim != 1 or tokens.dtype.kind != "u" or tokens.dtype.itemsize not in (2, 4):
-        raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}, not a 1-D uint16/uint32 "
-                        f"array of token ids (build-nanogpt's fineweb.py format)")
-    return tokens
-
-
 def open_shard(path):
     """A read-only memmap over a shard's tokens (llm.c's .bin, checked whole, or build-nanogpt's .npy)."""
-    if str(path).endswith(".npy"):
-        return open_npy_shard(path)
-    header_bytes = SHARD_HEADER_INTS * 4
     check_readable(path, "token shard")
+    if str(path).endswith(".npy"):  # build-nanogpt's fineweb.py's np.save of a uint16 array
+        try:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise UserError(f"{path} is not a readable .npy token shard ({e}); re-run the dataset's prepare script")
+        if tokens.ndim != 1 or tokens.dtype.kind != "u" or tokens.dtype.itemsize not in (2, 4):
+            raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}, not a 1-D uint16/uint32 "
+                            f"array of token ids (build-nanogpt's fineweb.py format)")
+        return tokens
+    header_bytes = SHARD_HEADER_INTS * 4
     size = os.path.getsize(path)
     if size < header_bytes:
         raise UserError(f"{path} is not a token shard: {size} bytes, shorter than the {header_bytes}-byte header")
@@ -256,8 +250,7 @@ def check_output_file(path, option, make_folder=False):
     if os.path.isdir(path):
         raise UserError(f"{option}={path} is a folder: name the file to write (it may be in that folder)")
     folder = os.path.dirname(os.path.abspath(path))
-    if make_folder:
-        folder = nearest_existing(folder)
+    folder = nearest_existing(folder) if make_folder else folder
     if not os.path.isdir(folder):
         problem = "is not a folder" if os.path.lexists(folder) else "does not exist"
         raise UserError(f"{option}={path}: its folder {folder} {problem}: create it or choose another {option}")

@@ -135,8 +135,7 @@ def read_text(path, encoding="utf-8", errors="strict"):
                         f"{' of its uncompressed text' if kind else ''}): convert it, leave it out, or pass "
                         f"--errors=replace (U+FFFD for each byte that does not decode)")
     except (OSError, EOFError) as e:  # a damaged or cut-off archive (gzip.BadGzipFile, lzma.LZMAError are OSErrors)
-        damaged = f": its {kind.__name__} data is damaged" if kind else ""
-        raise UserError(f"{path} could not be read ({e}){damaged}")
+        raise UserError(f"{path} could not be read ({e})" + (f": its {kind.__name__} data is damaged" if kind else ""))
 
 
 # --- sources: local files and Hugging Face datasets (the scripts that read documents: fineweb, openwebtext)
@@ -232,13 +231,12 @@ def load_documents(local, dataset, text_column, num_proc=1, subset=None, streami
     """A prepare script's documents: its --local files (load_local_splits), else the hub dataset's 'train'
     split, checked to have the text column; with_val: (train, val), as load_local_splits gives them."""
     datasets = import_datasets()
-    val = None
     if local is not None:
         ds, val = load_local_splits(local, num_proc, streaming)
     else:
         options = {"streaming": True} if streaming else {"num_proc": num_proc}
         try:
-            ds = datasets.load_dataset(dataset, name=subset, split="train", **options)
+            ds, val = datasets.load_dataset(dataset, name=subset, split="train", **options), None
         except (OSError, ValueError) as e:  # no network, unknown id or subset, no access
             of = "" if subset is None else f" (subset {subset!r})"
             raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import tiktoken
@@ -210,10 +211,9 @@ def folder_meta(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
     if not os.path.isfile(path):
-        try:
+        config = {}
+        with suppress(OSError, ValueError):
             config = json.loads(Path(init_from, "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = {}
         kind, vocab = config.get("model_type", "?"), config.get("vocab_size", "?")
         if kind == "gpt2" and vocab in (GPT2_EOT + 1, 50304):
             return None
@@ -265,10 +265,9 @@ def same_tokenizer(a, b):
         return ka == kb and list(a.get("itos") or []) == list(b.get("itos") or [])
     if ka == kb == "gpt2" or (ka == kb == "hf" and a.get("tokenizer_json") == b.get("tokenizer_json")):
         return True
-    try:
+    with suppress(Exception):
         return get_tokenizer(a).encode_ordinary(PROBE) == get_tokenizer(b).encode_ordinary(PROBE)
-    except Exception:
-        return None
+    return None
 
 
 def check_data_for_model(data_meta, init_from, resumed, data_label):

@@ -70,22 +70,6 @@ IGNORED = {
 }
 
 
-# Each check below appends (field, value, why) to a list of problems instead of raising at the first, so that
-# one error line names every field a folder sets that cannot load exactly (args_from_hf_config).
-
-def _check_unknown(config, family, problems):
-    """Refuse a field that no table above knows, where it differs from its default: a new transformers
-    option (or a folder's own) could change the math, and a silent default is the worst bug."""
-    from transformers import GPT2Config, LlamaConfig, PretrainedConfig
-    known = set(FIELDS) | {theirs for pair in FIELDS.values() for theirs in pair if theirs} | set(FIXED[family]) \
-        | set(IGNORED[family]) | set(PretrainedConfig().to_dict()) | {"torch_dtype", "dtype"}
-    default = (GPT2Config if family == "gpt2" else LlamaConfig)().to_dict()
-    for key, value in config.to_dict().items():
-        if key not in known and not key.startswith("_") and value not in (None, {}, []) and value != default.get(key):
-            problems.append((key, value, f"not a {family} setting this project knows, so the logits it gives "
-                                         f"cannot be promised (fields read: docs/export.md)"))
-
-
 # --- export: our model -> a transformers config and state dict
 
 def _common_kwargs(cfg, family):
@@ -208,9 +192,19 @@ def _check_llama(c, problems):
 def args_from_hf_config(c, dropout=0.0):
     """model_args (for GPTConfig) of a GPT2Config or LlamaConfig, every field that changes the math carried
     (FIELDS) or refused, in one UserError naming each. GPT-2's bias is left to the weights."""
+    from transformers import GPT2Config, LlamaConfig, PretrainedConfig
     family = c.model_type  # gpt2 or llama: check_folder refuses any other before AutoConfig reads the folder
+    # (field, value, why) of each field that cannot load exactly, so that one error line names them all. A field
+    # no table above knows is refused where it differs from its default: a new transformers option (or a
+    # folder's own) could change the math, and a silent default is the worst bug
     problems = []
-    _check_unknown(c, family, problems)
+    known = set(FIELDS) | {theirs for pair in FIELDS.values() for theirs in pair if theirs} | set(FIXED[family]) \
+        | set(IGNORED[family]) | set(PretrainedConfig().to_dict()) | {"torch_dtype", "dtype"}
+    default = (GPT2Config if family == "gpt2" else LlamaConfig)().to_dict()
+    for key, value in c.to_dict().items():
+        if key not in known and not key.startswith("_") and value not in (None, {}, []) and value != default.get(key):
+            problems.append((key, value, f"not a {family} setting this project knows, so the logits it gives "
+                                         f"cannot be promised (fields read: docs/export.md)"))
     for field, allowed in FIXED[family].items():
         value = getattr(c, field, allowed[0])
         if field not in LLAMA_CHECKED and value not in allowed:
@@ -248,8 +242,7 @@ def gpt2_from_hf(hf_model, dropout=0.0):
 
 def llama_from_hf(hf_model, dropout=0.0):
     """(model_args, state dict) of a llama-family GPT holding a transformers LlamaForCausalLM's weights."""
-    args = args_from_hf_config(hf_model.config, dropout)
-    theirs = hf_model.state_dict()
+    args, theirs = args_from_hf_config(hf_model.config, dropout), hf_model.state_dict()
     if args["tie_embeddings"]:
         theirs["lm_head.weight"] = theirs["model.embed_tokens.weight"]
     return args, {key: torch.cat([theirs[name] for name, _ in parts]) for key, parts in _key_map(args)}
@@ -292,7 +285,6 @@ def load_pretrained(model_type, dropout=0.0):
     for logger in quiet:  # their warnings (the hub's retries, the load report) would come before our one line
         logger.setLevel(logging.ERROR)
     try:
-        # a hub name: its files from the cache, or downloaded
         folder = model_type if os.path.isdir(model_type) else hub_folder(model_type, cached_file)
         check_folder(folder)
         try:
@@ -387,11 +379,10 @@ def read_weights(folder):
 def model_card(ckpt, hf_config, dtype):
     """README.md: YAML metadata (what the hub and huggingface_hub.ModelCard.load read), then the text."""
     family, cfg = hf_config.model_type, ckpt.get('config', {})
-    try:  # training tokens (None where the config does not say)
+    tokens = None  # the training tokens, where the config says
+    with suppress(KeyError, TypeError, ValueError):
         tokens = int(ckpt['iter_num']) * int(cfg['gradient_accumulation_steps']) * int(cfg['batch_size']) * \
             int(cfg['block_size'])
-    except (KeyError, TypeError, ValueError):
-        tokens = None
     dataset = cfg.get('dataset')
     yaml = ["---", 'library_name: "transformers"', 'pipeline_tag: "text-generation"', "tags:", '- "nanogpt"',
             f'- "{family}"', '- "text-generation"']

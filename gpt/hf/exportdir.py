@@ -32,18 +32,12 @@ def _fingerprint(path):
     return {"bytes": size, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
 
 
-def _recorded(folder):
-    """{file name: fingerprint} from the folder's MARKER; {} if there is none or it is not one of ours."""
-    try:
-        files = json.loads(Path(folder, MARKER).read_text(encoding="utf-8"))["files"]
-        return files if isinstance(files, dict) else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def not_ours(folder):
     """The entries of a folder that no earlier export wrote, each with why where that is not plain."""
-    recorded, strangers = _recorded(folder), []
+    recorded, strangers = {}, []
+    with suppress(OSError, ValueError, KeyError, TypeError):  # {file name: fingerprint} from MARKER, if ours
+        files = json.loads(Path(folder, MARKER).read_text(encoding="utf-8"))["files"]
+        recorded = files if isinstance(files, dict) else {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if name == MARKER and recorded:
@@ -105,13 +99,6 @@ def check_space(export_dir, nbytes):
                         f"--export_dir (--dtype=bfloat16 halves the weights)")
 
 
-def _write_marker(folder):
-    files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
-    with atomic_write(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
-        json.dump({"written_by": "export.py", "files": files}, f, indent=1)
-        f.write("\n")
-
-
 def _swap(new, path):
     """Put the folder `new` at `path`, replacing what is there; on a failure `path` keeps what it held."""
     if not os.path.lexists(path):
@@ -144,7 +131,10 @@ def writing(export_dir):
         folder = new_folder(path)
         yield folder
         give_files_their_mode(folder)  # safetensors makes the weights private; every file as open() makes it
-        _write_marker(folder)
+        files = {name: _fingerprint(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+        with atomic_write(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+            json.dump({"written_by": "export.py", "files": files}, f, indent=1)
+            f.write("\n")
         _swap(folder, path)
     except BaseException as e:
         if folder is not None:

@@ -61,7 +61,10 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
         if vocab_size > len(vocab) and EOS not in vocab:
             vocab[EOS] = eos = len(tokenizer.itos)
         tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-        tok.normalizer = drop_unknown_characters(tokenizer.itos)
+        # characters outside the vocabulary are dropped (special tokens match first), so that text holding one
+        # encodes as the text without it (docs/export.md#using-the-folder-at-once); code points: none is special
+        known = "".join(f"\\x{{{ord(ch):x}}}" for ch in tokenizer.itos)
+        tok.normalizer = normalizers.Replace(Regex(f"[^{known}]"), "")
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
         if eos is not None:
@@ -75,14 +78,6 @@ def hf_tokenizer(tokenizer, block_size, vocab_size):
         special.update(eos_token=EOS, pad_token=EOS)
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=block_size, padding_side="left", **special,
                                    clean_up_tokenization_spaces=False, model_input_names=MODEL_INPUT_NAMES)
-
-
-def drop_unknown_characters(itos):
-    """A normalizer that removes every character outside the vocabulary, so that text holding one still
-    encodes, as the text without it (why dropping: docs/export.md#using-the-folder-at-once). Special tokens
-    (<|endoftext|>) are matched before normalizing."""
-    known = "".join(f"\\x{{{ord(ch):x}}}" for ch in itos)  # code points: no character is special in the class
-    return normalizers.Replace(Regex(f"[^{known}]"), "")
 
 
 def save_tokenizer(hf_tok, folder):

@@ -178,7 +178,6 @@ def start(server):
     where. It polls every 0.1 s for shutdown, not serve_forever's 0.5: a run's end waits on it."""
     threading.Thread(target=server.serve_forever, args=(0.1,), name="dashboard", daemon=True).start()
     server.serving = True
-    out_dir = os.path.dirname(server.log_path)
-    print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py --out_dir={out_dir}`)",
-          flush=True)
+    print(f"dashboard: {url(server)} (live while training; afterwards `python dashboard.py "
+          f"--out_dir={os.path.dirname(server.log_path)}`)", flush=True)
     return server

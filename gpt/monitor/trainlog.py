@@ -173,11 +173,10 @@ def check_wandb():
         import wandb  # noqa: F401 (only whether it is installed: its settings come from wandb.sdk)
     except ImportError:
         raise UserError("wandb_log=True needs the wandb package: pip install wandb (or leave wandb_log off)")
-    try:  # wandb's settings as wandb.init reads them (environment and settings files)
+    settings = None  # another wandb version's layout: the environment alone then
+    with suppress(Exception):  # wandb's settings as wandb.init reads them (environment and settings files)
         from wandb.sdk import wandb_setup
         settings = wandb_setup.singleton().settings
-    except Exception:  # another wandb version's layout: the environment alone then
-        settings = None
     env = os.environ.get
     mode = env("WANDB_MODE") or getattr(settings, "mode", None) or "online"
     if mode in ("offline", "dryrun", "disabled") or env("WANDB_DISABLED", "").lower() in ("true", "1"):

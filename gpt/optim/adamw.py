@@ -9,18 +9,10 @@ import torch
 
 class WithoutDynamo:
     """Mixin before a torch.optim.Optimizer subclass: its methods without torch._dynamo's lazy import."""
-
-    def add_param_group(self, param_group):
-        return inspect.unwrap(torch.optim.Optimizer.add_param_group)(self, param_group)
-
-    def zero_grad(self, set_to_none=True):
-        return inspect.unwrap(torch.optim.Optimizer.zero_grad)(self, set_to_none)
-
-    def state_dict(self):
-        return inspect.unwrap(torch.optim.Optimizer.state_dict)(self)
-
-    def load_state_dict(self, state_dict):
-        return inspect.unwrap(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
 
 
 class AdamW(WithoutDynamo, torch.optim.AdamW):

@@ -19,15 +19,10 @@ from gpt.runtime.settings import FRACTION, NOT_NEGATIVE, RUN, TRAINING, Setting,
 # the quintic iteration's coefficients, as in modded-nanogpt (zeropower_via_newtonschulz5)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
-
-def _without_muon(c):
-    return c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
-
-
-def _no_learned_scalars(c):
-    return _without_muon(c) or (c['init_from'] == 'scratch' and not c['value_embeds'] and not c['skip_connections']
-                                and "the model has no learned scalars (value_embeds, skip_connections)")
-
+_without_muon = lambda c: c['optimizer'] != 'muon' and f"optimizer={c['optimizer']!r} trains without Muon"
+_no_learned_scalars = lambda c: _without_muon(c) or (
+    c['init_from'] == 'scratch' and not c['value_embeds'] and not c['skip_connections']
+    and "the model has no learned scalars (value_embeds, skip_connections)")
 
 # train.py's settings for Muon (optimizer='muon'), set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
@@ -81,9 +76,8 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         adamw = AdamW(adamw_groups, fused=fused, **adamw_args)  # fills the AdamW groups' defaults
         for group in muon_groups:
             group.update(muon=True, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
-            group.setdefault('splits', None)
-            group.setdefault('lr_scale', 1.0)
-            group.setdefault('weight_decay', 0.0)
+            for key, default in (('splits', None), ('lr_scale', 1.0), ('weight_decay', 0.0)):
+                group.setdefault(key, default)
         for group in adamw.param_groups:
             group['muon'] = False
         super().__init__(adamw.param_groups + muon_groups, {})
@@ -191,8 +185,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
             mine = torch.cat([mine, mine.new_zeros((per - len(mine), *mine.shape[1:]))])
         part = orthogonalize(mine, steps).contiguous()
         out = part.new_empty((per * world, *part.shape[1:]))
-        work = dist.all_gather_into_tensor(out, part, async_op=True)
-        return out[:k], work
+        return out[:k], dist.all_gather_into_tensor(out, part, async_op=True)
 
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,

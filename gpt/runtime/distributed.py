@@ -16,10 +16,8 @@ from torch.utils.checkpoint import checkpoint
 from gpt.runtime.errors import TORCHRUN_VARIABLES, UserError
 from gpt.runtime.settings import POSITIVE, Setting
 
-
-def _hooks(c):
-    return c['ddp_sync'] == 'hooks' and "ddp_sync='hooks' has no DDP wrapper: gradients always in its own buckets"
-
+_hooks = lambda c: c['ddp_sync'] == 'hooks' and (
+    "ddp_sync='hooks' has no DDP wrapper: gradients always in its own buckets")
 
 # train.py's settings for DDP and FSDP2 (gpt/runtime/settings.py); the defaults are docs/scaling.md's fastest
 SETTINGS = dict(
@@ -204,8 +202,7 @@ def static_graph_problem(model):
     """Why DDP's static_graph would be wrong for this model, or None: a parameter that gets no gradient from one
     pass marks a model whose steps may differ (docs/scaling.md, ddp_static_graph)."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    device = params[0][1].device
-    idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=device)
+    idx = torch.zeros((1, min(8, model.config.block_size)), dtype=torch.long, device=params[0][1].device)
     training = model.training
     model.eval()
     try:
@@ -236,8 +233,7 @@ def compile_blocks(model):
 def bf16_allreduce_hook(group, bucket):
     """DDP's communication hook for ddp_reduce_dtype='bfloat16' (docs/scaling.md): torch's bf16_compress_hook's
     arithmetic, which also runs on gloo (CPU tests), where torch's refuses to."""
-    group = group or dist.group.WORLD
-    buffer = bucket.buffer()
+    group, buffer = group or dist.group.WORLD, bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
 
     def decompress(fut):

@@ -43,9 +43,8 @@ def _stderr():
 def _stdout_closed():
     """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
     try:
-        fd = sys.__stdout__.fileno()
         poll = select.poll()
-        poll.register(fd, select.POLLOUT)
+        poll.register(sys.__stdout__.fileno(), select.POLLOUT)
         return any(events & select.POLLERR for _, events in poll.poll(0))
     except (AttributeError, OSError, ValueError):  # no stdout, or no poll (Windows)
         return False

@@ -14,11 +14,8 @@ from gpt.runtime.errors import UserError
 RUN = 'run'  # takes it: how the run is carried out, evaluated, logged and saved, the same training either way
 TRAINING = 'training'  # takes it: the next step trains with the new value (a rate, the schedule, the batch, the data)
 # kept(why): refuses it, saying why (the optimizer's state or the random streams depend on it)
+kept = lambda why: 'kept: ' + why
 MODEL = 'model'  # a model field: the weights' own, kept as its kind on GPTConfig says (gpt/training/plan.py)
-
-
-def kept(why):
-    return 'kept: ' + why
 
 
 @dataclass(frozen=True)
@@ -35,6 +32,7 @@ NOT_NEGATIVE = (lambda v: v >= 0, "0 or more")
 FRACTION = (lambda v: 0 <= v < 1, "at least 0 and below 1")
 NUCLEUS = (lambda v: 0 < v <= 1, "above 0 and at most 1 (1.0: no nucleus cut)")  # top-p sampling
 PORT = (lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535 (0: any free port)")
+at_least = lambda low, what: (lambda v: v >= low, what)  # a check of its own: at least `low`, described as `what`
 # numpy's generators take any seed >= 0, torch.manual_seed up to 2**64 - 1; the scripts add the rank, the step
 # or a stream number to the seed, so below 2**63 leaves them all room
 SEED = (lambda v: 0 <= v < 2**63, "at least 0 and below 2**63")
@@ -66,10 +64,6 @@ def by_interval(c):
 # bench.py's lists of batch sizes
 BATCH_LIST = (lambda v: all(b.strip().isdigit() and int(b) > 0 for b in v.split(',') if b.strip()),
               "positive integers separated by commas (e.g. 12,32)")
-
-
-def at_least(low, what):
-    return (lambda v: v >= low, what)
 
 
 def comments(source):

@@ -101,8 +101,7 @@ def score(losses, mask):
     total loss (acc) and the lowest loss per token (acc_norm, which does not favour short endings)."""
     mask = mask.to(torch.float32)
     total = (losses.float() * mask).sum(-1)
-    mean = total / mask.sum(-1).clamp(min=1)
-    return total.argmin(-1), mean.argmin(-1)
+    return total.argmin(-1), (total / mask.sum(-1).clamp(min=1)).argmin(-1)
 
 
 def _collate(rendered, n_rows, block_size, pad_multiple):
@@ -122,8 +121,7 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
     for i, (tok, msk) in enumerate(rows):
         tokens[i, :len(tok)] = tok
         mask[i, :len(msk)] = msk
-    targets = torch.where(mask[:, 1:] == 1, tokens[:, 1:], -1)
-    return tokens[:, :-1], targets
+    return tokens[:, :-1], torch.where(mask[:, 1:] == 1, tokens[:, 1:], -1)
 
 
 def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_size=1, batch_examples=8,
@@ -134,7 +132,6 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
     may be a collective), abandons the evaluation: the result is then None."""
     mine = examples[rank::world_size]
     common = -(-len(examples[world_size - 1::world_size]) // batch_examples)  # the last rank's count is the least
-    block_size = model.config.block_size
     # correct (acc), correct (acc_norm), examples: summed on the device, so the loop never waits for it
     counts = torch.tensor([0, 0, len(mine)], dtype=torch.long, device=device)
     was_training = model.training
@@ -145,7 +142,7 @@ def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_siz
               tqdm(starts, desc="hellaswag", leave=False, disable=None if progress and rank == 0 else True) as bar):
             for j, i in enumerate(bar):
                 rendered = [render_example(example, tokenizer) for example in mine[i:i + batch_examples]]
-                x, y = _collate(rendered, 4 * batch_examples, block_size, pad_multiple)
+                x, y = _collate(rendered, 4 * batch_examples, model.config.block_size, pad_multiple)
                 x, y = x.to(device), y.to(device)
                 _, losses = model(x, y, reduction="none")
                 n, T = 4 * len(rendered), y.size(1)

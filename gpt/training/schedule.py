@@ -222,11 +222,6 @@ def in_effect(c):
     return c['lr_schedule'] if c['decay_lr'] else 'none'
 
 
-def no_warmup(c):
-    return in_effect(c) == 'none' and ("decay_lr=False is nanoGPT's constant learning_rate without warm-up "
-                                       "(lr_schedule='constant' warms up, then stays)")
-
-
 def no_decay_iters(c):
     sched = in_effect(c)
     return sched in ('constant', 'wsd', 'none') and (
@@ -235,23 +230,13 @@ def no_decay_iters(c):
         f"{', which decays over the last lr_decay_frac of max_iters' if sched == 'wsd' else ''})")
 
 
-def no_decay_frac(c):
-    return in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
-
-
-def no_min_lr(c):
-    return in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
-
-
-def no_schedule(c):
-    return in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
-
-
-def batch_in_tokens(c):
-    return c['total_batch_size'] > 0 and 'gradient_accumulation_steps' not in batch_changes(c)[2] and (
-        f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size")
-
-
-def never_saves(c):
-    return c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0 and \
-        "checkpoint_interval=-1 saves no checkpoints"
+# train.py's `unused` tests of the schedule's settings: why one does nothing in this run, else a false value
+no_warmup = lambda c: in_effect(c) == 'none' and ("decay_lr=False is nanoGPT's constant learning_rate without "
+                                                  "warm-up (lr_schedule='constant' warms up, then stays)")
+no_decay_frac = lambda c: in_effect(c) != 'wsd' and "only lr_schedule='wsd' uses it"
+no_min_lr = lambda c: in_effect(c) in ('constant', 'none') and "a constant learning_rate never decays to it"
+no_schedule = lambda c: in_effect(c) == 'none' and "decay_lr=False keeps learning_rate constant, whatever the schedule"
+batch_in_tokens = lambda c: c['total_batch_size'] > 0 and 'gradient_accumulation_steps' not in batch_changes(c)[2] and (
+    f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size")
+never_saves = lambda c: c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0 and (
+    "checkpoint_interval=-1 saves no checkpoints")
