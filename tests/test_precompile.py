@@ -36,7 +36,8 @@ dispatch.runs_on = lambda x: True  # the kernels run on the CPU here, under the 
 
 # heads, positions and batches whose products and strides are multiples of 16 or not, grouped-query attention
 for shape in [dict(n_head=4, n_kv_head=2, block_size=6), dict(n_head=2, n_kv_head=2, block_size=8)]:
-    for switches in [dict(qk_norm=True, pos_emb='rope'), dict(qk_norm=True), dict(pos_emb='rope', logit_softcap=15.0)]:
+    for switches in [dict(qk_norm=True, pos_emb='rope'), dict(qk_norm=True), dict(pos_emb='rope', logit_softcap=15.0),
+                     dict(family='llama')]:  # llama: rotary whatever pos_emb says
         cfg = GPTConfig(n_layer=1, n_embd=32, vocab_size=50, bias=False, fused_qk=True, fused_loss=True,
                         loss_chunk=16, **shape, **switches)
         model = GPT(cfg)

@@ -52,12 +52,11 @@ def warm_ups(cfg, batch_sizes, dtype, device):
     """precompile's jobs: each calls kernels once on stand-ins of the run's tensors (the shapes, strides and dtype
     that pick a variant; one that missed would cost time, never correctness). tests/test_precompile.py checks
     that they call every variant a step and an evaluation call."""
-    qk = cfg.fused_qk and (cfg.qk_norm or cfg.pos_emb == 'rope')
-    if not (qk or cfg.fused_loss):
+    if not (cfg.fused_qk or cfg.fused_loss):  # the plan keeps fused_qk only where there is something to fuse
         return []
     from gpt.kernels import cross_entropy, fused_qk  # imports Triton: only where it runs
     dtype, T, hs = getattr(torch, dtype), cfg.block_size, cfg.n_embd // cfg.n_head
-    rope, eps = cfg.pos_emb == 'rope', cfg.norm_eps if cfg.qk_norm else None
+    rope, eps = cfg.rotary, cfg.norm_eps if cfg.qk_norm else None
     cos = sin = torch.zeros(T, hs, device=device) if rope else None
     widths = [cfg.n_head * hs, cfg.n_kv_head * hs, cfg.n_kv_head * hs]
     views = [x.view(B, T, -1, hs) for B in dict.fromkeys(batch_sizes)  # q and k: views of c_attn's output
@@ -77,4 +76,4 @@ def warm_ups(cfg, batch_sizes, dtype, device):
         logits = torch.zeros(rows, cfg.vocab_size, dtype=dtype, device=device)
         cross_entropy.loss_and_grad_(logits, torch.zeros(rows, dtype=torch.long, device=device), cfg.logit_softcap)
 
-    return [forward, backward] * qk + [loss] * cfg.fused_loss
+    return [forward, backward] * cfg.fused_qk + [loss] * cfg.fused_loss
