@@ -99,13 +99,16 @@ def same_bf16_training(model, x, y, switch):
 def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300, fresh=False):
     """Run a script (or `-c code`) of the repository as a user would: `python script args` in the repository,
     or torchrun with nproc processes. One thread per process (see above). check: it must exit 0 without a
-    traceback. Returns the CompletedProcess (text stdout and stderr). A repository script in one process is
-    forked from a process that has imported torch (tests/forkserver.py: the suite's time is mostly torch's
-    import otherwise); fresh=True, or any variables of its own in env, gets a new interpreter."""
+    traceback. Returns the CompletedProcess (text stdout and stderr). A repository script, in one process or
+    under torchrun for a run that must succeed (check), is forked from a process that has imported torch
+    (tests/forkserver.py: the suite's time is mostly torch's import otherwise); fresh=True, or variables of its
+    own in env (but forkserver.FORKABLE_VARIABLES), gets a new interpreter."""
     extra_env = env
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
-    if not fresh and forkserver.usable(script, nproc, extra_env, cwd, ROOT):
-        r = forkserver.run([script, *args], cwd, env, timeout)
+    if not fresh and forkserver.usable(script, nproc, extra_env, cwd, ROOT, check):
+        r = (forkserver.run([script, *args], cwd, env, timeout) if nproc == 1 else
+             forkserver.run(forkserver.torchrun_argv(script, args, nproc, cwd), cwd, env, timeout,
+                            module="torch.distributed.run"))
     else:
         launcher = [*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
         r = subprocess.run([*launcher, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,

@@ -9,14 +9,19 @@ stderr in files, stdin empty, an uncaught exception through sys.excepthook (whos
 as gpt/runtime/errors.py's does) and the interpreter's own exit (atexit, finalization). The caller gets a
 subprocess.CompletedProcess, as from subprocess.run.
 
+A torchrun run expected to succeed is forked too: torchrun itself runs in the fork, and its workers are forks
+of it (torchrun_argv), so neither the launcher nor a worker imports torch again.
+
 What a fork cannot give is a fresh interpreter: torch's import has happened before the script starts (so its
 start-up line's "import torch" is ~0 s), and the signals a test sends need a process of its own. Launches that
-need one go through subprocess as before: torchrun, `-c` code, other scripts than the repository's .py files,
-a call with environment variables of its own, everything off Linux (a fork of a process that has loaded
-macOS's frameworks is unsafe), and everything when NANOGPT_TESTS_FRESH=1 (CI runs its torch 2.11 leg that way).
+need one go through subprocess as before: torchrun runs meant to fail, `-c` code, other scripts than the
+repository's .py files, a call with environment variables of its own (but those FORKABLE_VARIABLES), everything
+off Linux (a fork of a process that has loaded macOS's frameworks is unsafe), and everything when
+NANOGPT_TESTS_FRESH=1 (CI runs its torch 2.11 leg that way).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,7 +52,11 @@ def child(request):
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     import runpy
     try:
-        runpy.run_path(script, run_name="__main__")
+        if request.get("module"):  # python -m module: the working folder first on sys.path
+            sys.path[0] = os.getcwd()
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code
@@ -125,7 +134,7 @@ class ForkServer:
             launch.forked.set()
             launch.ended.set()
 
-    def run(self, argv, cwd, env, timeout):
+    def run(self, argv, cwd, env, timeout, module=None):
         with tempfile.TemporaryDirectory() as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             for path in (out, err):
@@ -135,7 +144,7 @@ class ForkServer:
                 key = self.next_id
                 launch = self.waiting[key] = Launch()
                 self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "cwd": str(cwd), "env": env,
-                                                  "stdout": out, "stderr": err}) + "\n")
+                                                  "stdout": out, "stderr": err, "module": module}) + "\n")
                 self.proc.stdin.flush()
             launch.forked.wait()
             if not launch.ended.wait(timeout):
@@ -153,18 +162,34 @@ _server = None
 _server_lock = threading.Lock()
 
 
-def usable(script, nproc, extra_env, cwd, root):
-    """Whether a launch can be a fork: one process, a .py file of the repository, no variables of its own."""
+# variables that neither numpy nor torch reads as it is imported (the libraries that do, Hugging Face's, are
+# imported by the script, after the fork): a launch that sets only these can still be a fork
+FORKABLE_VARIABLES = re.compile(r"HF_\w+|HELLASWAG_DIR|WANDB_\w+")
+
+
+def usable(script, nproc, extra_env, cwd, root, check=True):
+    """Whether a launch can be a fork: a .py file of the repository, no variables of its own but those above;
+    several processes only for a run expected to succeed (torchrun_argv says how)."""
     path = os.path.abspath(os.path.join(str(cwd), str(script)))
     return (os.environ.get("NANOGPT_TESTS_FRESH") != "1" and sys.platform.startswith("linux")  # macOS: no fork
-            and nproc == 1 and not extra_env
+            and (nproc == 1 or check) and all(FORKABLE_VARIABLES.fullmatch(k) for k in extra_env or {})
             and str(script).endswith(".py") and path.startswith(os.path.abspath(root) + os.sep))
 
 
-def run(argv, cwd, env, timeout):
-    """The script (argv[0]) with its arguments, forked from the server (made at the first call with `env`)."""
+def torchrun_argv(script, args, nproc, cwd):
+    """torchrun's command line for a fork: the launcher runs in the forked process, and its workers are forks of
+    it that run the script with runpy (torchrun's --run-path, --start-method=fork) instead of new interpreters.
+    The agent, its rendezvous, the workers' variables and its ending are torchrun's own; a run that is meant to
+    fail (check=False: how torchrun reports it) or that has to start fresh uses the plain command instead."""
+    return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "--run-path", "--start-method=fork",
+            os.path.abspath(os.path.join(str(cwd), str(script))), *args]
+
+
+def run(argv, cwd, env, timeout, module=None):
+    """The script (argv[0]) with its arguments, or `python -m module` with argv as its sys.argv, forked from the
+    server (made at the first call with `env`)."""
     global _server
     with _server_lock:
         if _server is None or _server.proc.poll() is not None:
             _server = ForkServer(env)
-    return _server.run([str(a) for a in argv], cwd, env, timeout)
+    return _server.run([str(a) for a in argv], cwd, env, timeout, module)

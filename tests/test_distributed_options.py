@@ -10,23 +10,20 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, flags, run
 
 from gpt.data.sources import write_shard
 from model import GPT, GPTConfig
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 # 4 micro-steps, 2 per rank: a micro-step without gradient sync, then one with it
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, gradient_accumulation_steps=4,
             eval_interval=100, eval_iters=1, warmup_iters=2, lr_decay_iters=6, learning_rate=3e-3, dropout=0.0,
             compile=False, device="cpu", dtype="float32", log_interval=1, max_iters=6, checkpoint_interval=-1)
 
 
-def train(data, out_dir, nproc=2, **kw):
-    args = [f"--{k}={v}" for k, v in {**TINY, **kw}.items()]
-    cmd = (TORCHRUN if nproc == 2 else [sys.executable]) + ["train.py", f"--data_dir={data}", f"--out_dir={out_dir}",
-                                                            *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+def train(data, out_dir, nproc=2, check=False, **kw):
+    return run("train.py", f"--data_dir={data}", f"--out_dir={out_dir}", *flags(**{**TINY, **kw}), nproc=nproc,
+               check=check, timeout=240)
 
 
 def train_rows(out_dir):
@@ -59,8 +56,7 @@ def runs(tmp_path_factory):
     }
     out = {}
     for name, kw in settings.items():
-        r = train(data, tmp / name, **kw)
-        assert r.returncode == 0, name + ":\n" + r.stdout[-2000:] + r.stderr[-3000:]
+        train(data, tmp / name, check=True, **kw)
         out[name] = losses(tmp / name)
         out[name + "_rows"] = train_rows(tmp / name)
         assert len(out[name]) == TINY["max_iters"], name

@@ -7,7 +7,7 @@ import sys
 
 import forkserver
 import pytest
-from conftest import ROOT
+from conftest import ROOT, TORCHRUN, counting_ids, flags, log_rows, tiny, write_ids_dataset
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server runs on Linux only")
 
@@ -55,13 +55,35 @@ def test_a_launch_past_its_time_is_killed(tmp_path):
         forkserver.run([str(script)], tmp_path, dict(os.environ), timeout=2)
 
 
-def test_only_a_repository_script_in_one_process_is_forked(tmp_path, monkeypatch):
+def test_which_launches_are_forked(tmp_path, monkeypatch):
     monkeypatch.delenv("NANOGPT_TESTS_FRESH", raising=False)
     assert forkserver.usable("train.py", 1, None, ROOT, ROOT)
     assert forkserver.usable(os.path.join("data", "text", "prepare.py"), 1, None, ROOT, ROOT)
-    assert not forkserver.usable("train.py", 2, None, ROOT, ROOT)  # torchrun
-    assert not forkserver.usable("train.py", 1, {"WANDB_MODE": "offline"}, ROOT, ROOT)  # variables of its own
+    assert forkserver.usable("train.py", 2, None, ROOT, ROOT)  # torchrun, in a fork, with forked workers
+    assert not forkserver.usable("train.py", 2, None, ROOT, ROOT, check=False)  # how torchrun reports a failure
+    assert forkserver.usable("train.py", 1, {"HF_HOME": "h", "WANDB_MODE": "offline"}, ROOT, ROOT)  # read later
+    for name in ("PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):  # read as Python or torch starts
+        assert not forkserver.usable("train.py", 1, {name: "1"}, ROOT, ROOT)
     assert not forkserver.usable("-c", 1, None, ROOT, ROOT)
     assert not forkserver.usable(str(tmp_path / "x.py"), 1, None, ROOT, ROOT)  # not the repository's
     monkeypatch.setenv("NANOGPT_TESTS_FRESH", "1")
     assert not forkserver.usable("train.py", 1, None, ROOT, ROOT)
+
+
+def test_a_forked_torchrun_launch_trains_and_prints_as_torchrun_does(tmp_path):
+    data = write_ids_dataset(tmp_path / "data", counting_ids(6000), "abcdefghijklmnop")
+    args = [f"--data_dir={data}", *flags(**tiny(max_iters=3, eval_interval=3, gradient_accumulation_steps=2))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ends = {}
+    for how in ("torchrun", "forked"):
+        out = [f"--out_dir={tmp_path / how}", *args]
+        if how == "torchrun":
+            r = subprocess.run([*TORCHRUN, "--nproc_per_node=2", "train.py", *out], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=240)
+        else:
+            r = forkserver.run(forkserver.torchrun_argv("train.py", out, 2, ROOT), ROOT, env, 240,
+                               module="torch.distributed.run")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        steps = [line.split(",")[0] for line in r.stdout.splitlines() if line.startswith(("iter ", "step "))]
+        ends[how] = ([row["loss"] for row in log_rows(tmp_path / how)], steps)
+    assert ends["forked"] == ends["torchrun"] and len(ends["forked"][0]) == 3  # rank 0's lines, once each
