@@ -10,7 +10,7 @@ as gpt/runtime/errors.py's does) and the interpreter's own exit (atexit, finaliz
 subprocess.CompletedProcess, as from subprocess.run.
 
 A torchrun run expected to succeed is forked too: torchrun itself runs in the fork, and its workers are forks
-of it (torchrun_argv), so neither the launcher nor a worker imports torch again.
+of it (run_torchrun), so neither the launcher nor a worker imports torch again.
 
 What a fork cannot give is a fresh interpreter: torch's import has happened before the script starts (so its
 start-up line's "import torch" is ~0 s), and the signals a test sends need a process of its own. Launches that
@@ -49,11 +49,10 @@ def child(request):
     os.environ.update(request["env"])
     script = request["argv"][0]
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[0] = request["path0"]  # the script's folder, as the interpreter puts it first
     import runpy
     try:
-        if request.get("module"):  # python -m module: the working folder first on sys.path
-            sys.path[0] = os.getcwd()
+        if request["module"]:  # python -m module (torchrun, whose workers run the script with sys.path as it is)
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")
@@ -134,7 +133,7 @@ class ForkServer:
             launch.forked.set()
             launch.ended.set()
 
-    def run(self, argv, cwd, env, timeout, module=None):
+    def run(self, argv, cwd, env, timeout, module, path0):
         with tempfile.TemporaryDirectory() as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             for path in (out, err):
@@ -144,7 +143,8 @@ class ForkServer:
                 key = self.next_id
                 launch = self.waiting[key] = Launch()
                 self.proc.stdin.write(json.dumps({"id": key, "argv": argv, "cwd": str(cwd), "env": env,
-                                                  "stdout": out, "stderr": err, "module": module}) + "\n")
+                                                  "stdout": out, "stderr": err, "module": module,
+                                                  "path0": path0}) + "\n")
                 self.proc.stdin.flush()
             launch.forked.wait()
             if not launch.ended.wait(timeout):
@@ -169,27 +169,30 @@ FORKABLE_VARIABLES = re.compile(r"HF_\w+|HELLASWAG_DIR|WANDB_\w+")
 
 def usable(script, nproc, extra_env, cwd, root, check=True):
     """Whether a launch can be a fork: a .py file of the repository, no variables of its own but those above;
-    several processes only for a run expected to succeed (torchrun_argv says how)."""
+    several processes only for a run expected to succeed (run_torchrun says how)."""
     path = os.path.abspath(os.path.join(str(cwd), str(script)))
     return (os.environ.get("NANOGPT_TESTS_FRESH") != "1" and sys.platform.startswith("linux")  # macOS: no fork
             and (nproc == 1 or check) and all(FORKABLE_VARIABLES.fullmatch(k) for k in extra_env or {})
             and str(script).endswith(".py") and path.startswith(os.path.abspath(root) + os.sep))
 
 
-def torchrun_argv(script, args, nproc, cwd):
-    """torchrun's command line for a fork: the launcher runs in the forked process, and its workers are forks of
-    it that run the script with runpy (torchrun's --run-path, --start-method=fork) instead of new interpreters.
-    The agent, its rendezvous, the workers' variables and its ending are torchrun's own; a run that is meant to
-    fail (check=False: how torchrun reports it) or that has to start fresh uses the plain command instead."""
-    return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "--run-path", "--start-method=fork",
-            os.path.abspath(os.path.join(str(cwd), str(script))), *args]
-
-
-def run(argv, cwd, env, timeout, module=None):
-    """The script (argv[0]) with its arguments, or `python -m module` with argv as its sys.argv, forked from the
-    server (made at the first call with `env`)."""
+def run(argv, cwd, env, timeout, module=None, script=None):
+    """The script (argv[0]) with its arguments, or `python -m module` with argv as its sys.argv and `script` the
+    one it runs, forked from the server (made at the first call with `env`)."""
     global _server
     with _server_lock:
         if _server is None or _server.proc.poll() is not None:
             _server = ForkServer(env)
-    return _server.run([str(a) for a in argv], cwd, env, timeout, module)
+    path0 = os.path.dirname(os.path.abspath(os.path.join(str(cwd), str(script or argv[0]))))
+    return _server.run([str(a) for a in argv], cwd, env, timeout, module, path0)
+
+
+def run_torchrun(script, args, nproc, cwd, env, timeout):
+    """`torchrun --standalone --nproc_per_node=nproc script args` as a fork: the launcher runs in the forked process,
+    and its workers are forks of it that run the script with runpy (torchrun's --run-path, --start-method=fork)
+    instead of new interpreters. The agent, its rendezvous, the workers' variables and its ending are torchrun's
+    own; a run that is meant to fail (check=False: how torchrun reports it) or that has to start fresh uses the
+    plain command instead."""
+    path = os.path.abspath(os.path.join(str(cwd), str(script)))
+    argv = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "--run-path", "--start-method=fork", path, *args]
+    return run(argv, cwd, env, timeout, module="torch.distributed.run", script=path)

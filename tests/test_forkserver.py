@@ -81,8 +81,7 @@ def test_a_forked_torchrun_launch_trains_and_prints_as_torchrun_does(tmp_path):
             r = subprocess.run([*TORCHRUN, "--nproc_per_node=2", "train.py", *out], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=240)
         else:
-            r = forkserver.run(forkserver.torchrun_argv("train.py", out, 2, ROOT), ROOT, env, 240,
-                               module="torch.distributed.run")
+            r = forkserver.run_torchrun("train.py", out, 2, ROOT, env, 240)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         steps = [line.split(",")[0] for line in r.stdout.splitlines() if line.startswith(("iter ", "step "))]
         ends[how] = ([row["loss"] for row in log_rows(tmp_path / how)], steps)
