@@ -13,12 +13,16 @@ import time
 
 _launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
 
+import os
+import sys
+
+# the repo's modules also when torchrun --run-path runs this file in its own interpreter (sys.path: torchrun's folder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line
 
 errors.install()
 
 import math
-import sys
 
 with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from C++: exit at once instead
     import numpy  # noqa: F401 - before torch, whose import of numpy swallows a Ctrl-C that lands in it

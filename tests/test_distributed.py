@@ -8,13 +8,14 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
 import time
 import warnings
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import ROOT, assert_same_training, counting_ids, flags, log_rows, run, tiny, write_ids_dataset
+from conftest import ROOT, TORCHRUN, assert_same_training, counting_ids, flags, log_rows, run, tiny, write_ids_dataset
 
 from gpt.checkpoint import load_checkpoint
 from model import GPT, GPTConfig
@@ -62,6 +63,18 @@ def test_two_processes_compute_what_one_does_with_twice_the_accumulation(runs):
     assert_same_training(log_rows(runs["ddp"]), log_rows(runs["one"]), TERMS, sum(v.numel() for v in a.values()))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+
+
+def test_workers_forked_from_torchrun_train_what_its_own_processes_do_from_any_folder(runs, shards, tmp_path):
+    # torchrun --run-path --start-method=fork (docs/scaling.md: no worker imports torch again) runs train.py in
+    # torchrun's own interpreter, whose sys.path starts at the launch folder (or the torchrun command's folder)
+    out = tmp_path / "forked"
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node=2", "--run-path", "--start-method=fork",
+                        os.path.join(ROOT, "train.py"), f"--data_dir={shards}", f"--out_dir={out}",
+                        *flags(**{**TINY, "max_iters": 8})], cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert losses(out) == losses(runs["ddp"])
 
 
 def test_fsdp_computes_what_ddp_does(runs):

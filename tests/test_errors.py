@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, TORCHRUN
 from conftest import run as run_script
 
 WORKERS = max(2, min(4, os.cpu_count() or 2))
@@ -411,14 +411,23 @@ def test_ctrl_c_before_training_is_one_short_line(tmp_path):
     assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-3000:]
 
 
-def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path):
+FORKED_TORCHRUN = [*TORCHRUN, "--nproc_per_node=2", "--run-path", "--start-method=fork"]
+
+
+@pytest.mark.parametrize("launch", ["plain", "forked"])
+def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path, launch):
     """Under torchrun every rank meets a bad setting: the line is printed once (rank 0), local rank 0 exits 2
     and torchrun's failure summary shows the line, for that one worker, instead of a pointer to its docs.
     torchrun itself exits 1 with its own ChildFailedError traceback: that is torchrun's, whatever its workers'
-    status."""
+    status. The same with the workers forked from torchrun (docs/scaling.md), where torchrun's wrapper, not
+    sys.excepthook, meets the worker's exception first."""
     shared = Shared(str(tmp_path))
-    r = run_script("train.py", *TRAIN_BASE, f"--data_dir={shared.data()}", f"--out_dir={tmp_path / 'out'}",
-                   "--dropout=1.5", nproc=2, check=False, timeout=240)
+    args = [*TRAIN_BASE, f"--data_dir={shared.data()}", f"--out_dir={tmp_path / 'out'}", "--dropout=1.5"]
+    if launch == "plain":
+        r = run_script("train.py", *args, nproc=2, check=False, timeout=240)
+    else:
+        r = subprocess.run([*FORKED_TORCHRUN, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = r.stdout + r.stderr
     line = "error: dropout=1.5 makes no sense: dropout must be at least 0 and below 1"
     printed = [x for x in out.splitlines() if re.sub(r"^\[rank\d\]: ", "", x).startswith("error:")]
@@ -428,7 +437,40 @@ def test_torchrun_user_error_is_one_line_from_rank_zero(tmp_path):
     assert "exitcode  : 2" in summary and f"traceback : {line}" in summary, summary
     # one failed worker in the summary, not one per process: the others wait for torchrun to stop them
     assert out.count("exitcode  :") == 1 and "<NO_OTHER_FAILURES>" in out, out[-3000:]
-    assert 'File "' + os.path.join(ROOT, "train.py") not in out  # no traceback from train.py itself
+    assert 'File "' + os.path.join(ROOT, "train.py") not in out and 'File "train.py"' not in out  # none from train.py
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda", "cuda:1"])
+def test_a_gpu_in_a_worker_forked_after_cuda_started_is_one_line_naming_the_fix(monkeypatch, device):
+    """A worker forked from a torchrun that started CUDA (counting the GPUs, unless NVML counts them) cannot use
+    CUDA: one line naming PYTORCH_NVML_BASED_CUDA_CHECK=1, not torch's traceback later nor, for auto, the CPU."""
+    from gpt.runtime import hardware
+    from gpt.runtime.errors import UserError
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    with pytest.raises(UserError, match="set PYTORCH_NVML_BASED_CUDA_CHECK=1"):
+        hardware.resolve_device(device)
+    assert hardware.resolve_device("cpu") == "cpu"
+
+
+ROUTED = """import os, sys
+sys.path.insert(0, sys.argv[1])
+from gpt.runtime import errors
+errors.install()
+errors.on_failure(lambda: open(os.path.join(sys.argv[2], "undone-" + os.environ["RANK"]), "w").close())
+raise RuntimeError("a bug")
+"""
+
+
+def test_a_forked_torchrun_worker_undoes_its_changes_and_keeps_a_bugs_traceback(tmp_path):
+    """In a worker forked from torchrun a bug keeps its traceback, in torchrun's summary, and what the script
+    registered to undo on failure (train.py: out_dir as it found it) is undone, as in a worker of its own."""
+    script = tmp_path / "fails.py"
+    script.write_text(ROUTED)
+    r = subprocess.run([*FORKED_TORCHRUN, str(script), ROOT, str(tmp_path)], cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "RuntimeError: a bug" in out and 'fails.py", line 6' in out, out[-3000:]
+    assert (tmp_path / "undone-0").exists(), out[-3000:]  # (the other worker may be stopped before its own)
 
 
 def test_sample_into_a_closed_pipe_stops_quietly(tmp_path):

@@ -69,6 +69,13 @@ def _other_rank():
 
 
 def _excepthook(kind, value, tb):
+    _handle(kind, value)
+    sys.__excepthook__(kind, value, tb)
+
+
+def _handle(kind, value):
+    """What the hook does before a traceback: puts back what the run changed, then ends the process itself (a
+    line and a status) for Ctrl-C, a user's mistake and a closed stdout; returns for anything else (a bug)."""
     while _failure_callbacks:  # on_failure's
         callback = _failure_callbacks.pop()  # last registered first, as atexit
         try:
@@ -92,7 +99,25 @@ def _excepthook(kind, value, tb):
         # nothing more can be written there, and Python's flush at exit would complain about it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
         sys.exit(141)  # 128 + SIGPIPE
-    sys.__excepthook__(kind, value, tb)
+
+
+def _through_torchrun():
+    """A worker that torchrun forks (`--run-path --start-method=fork`) runs the script inside torchrun's own
+    wrapper, which catches the script's exceptions before sys.excepthook would see them, and first hands each
+    to its error handler: the hook's work is done from there. Only where torchrun is already loaded, which is
+    such a worker (a worker started as a new process imports torch after this, and its hook sees its errors)."""
+    handlers = sys.modules.get("torch.distributed.elastic.multiprocessing.errors.error_handler")
+    handler = getattr(handlers, "ErrorHandler", None)
+    if handler is None or getattr(handler.record_exception, "routed", False):
+        return
+    record = handler.record_exception
+
+    def record_exception(self, e):
+        _handle(type(e), e)  # exits for a user's mistake; a bug goes on to torchrun's report of its traceback
+        record(self, e)
+
+    record_exception.routed = True
+    handler.record_exception = record_exception
 
 
 class ExitOnCtrlC:
@@ -115,5 +140,6 @@ class ExitOnCtrlC:
 def install():
     """Entry scripts call this once, first: the hook, and no stdout on a torchrun rank other than 0."""
     sys.excepthook = _excepthook
+    _through_torchrun()
     if _other_rank():
         sys.stdout = open(os.devnull, "w")

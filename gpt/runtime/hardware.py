@@ -33,6 +33,10 @@ def peak_flops(device):
 
 def resolve_device(device):
     """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
+    if device.split(":")[0] in ("auto", "cuda") and torch.cuda._is_in_bad_fork():  # else auto would pick the CPU
+        raise UserError("this process was forked from one that had started CUDA, and CUDA cannot start again in it: "
+                        "under torchrun --start-method=fork set PYTORCH_NVML_BASED_CUDA_CHECK=1 (torchrun then "
+                        "counts the GPUs without starting CUDA), or launch without --start-method=fork")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         print(f"device: {device} (auto)")
