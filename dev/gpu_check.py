@@ -25,6 +25,8 @@ and on a machine of several GPUs, for N = 2 and (where there are 4) 4:
   ddp-N, fsdp-N  config/train_shakespeare_char.py's model under torchrun --nproc_per_node=N, DDP and FSDP2:
                each step's loss within bf16 rounding (0.5%) of the one-GPU run's, on the same global batch
   ddp-hooks-N  the same with ddp_sync='hooks' and the step replayed from a CUDA graph
+  forked-N     ddp-hooks-N with the workers forked from torchrun (--run-path --start-method=fork,
+               PYTORCH_NVML_BASED_CUDA_CHECK=1); forked-unset-2: without that variable, the one error line
   ddp-hooks-dies-2  the same on 2 GPUs with rank 1 killed at its 20th step: torchrun must end the run
                (not 0, within 4 minutes), though the survivor waits in an all-reduce inside its graph
 
@@ -75,18 +77,23 @@ def losses(out_dir):
         return [row["loss"] for row in map(json.loads, f) if row["kind"] == "train"]
 
 
-def train(name, args, nproc=1):
+FORKED = ["--run-path", "--start-method=fork"]  # torchrun's workers forked from it (docs/scaling.md)
+NVML = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # which a forked worker's CUDA needs
+
+
+def train(name, args, nproc=1, forked=False, env=None):
     """train.py (under torchrun with nproc > 1) into out-gpu-check/name; returns (status, output, out_dir)."""
     out_dir = os.path.join(RUNS, name)
     shutil.rmtree(out_dir, ignore_errors=True)
-    launch = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [PY]
-    code, out = sh([*launch, "train.py", *args, f"--out_dir={out_dir}"], f"{name}.log")
+    launch = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+              *(FORKED if forked else [])] if nproc > 1 else [PY]
+    code, out = sh([*launch, "train.py", *args, f"--out_dir={out_dir}"], f"{name}.log", env=env)
     return code, out, out_dir
 
 
-def trained(name, args, nproc=1, expect=()):
+def trained(name, args, nproc=1, expect=(), forked=False):
     """A training part: exit 0, every logged loss finite, and each regex of `expect` in its output."""
-    code, out, out_dir = train(name, args, nproc)
+    code, out, out_dir = train(name, args, nproc, forked, NVML if forked else None)
     if code:
         raise Failed(f"exit {code}: {last_line(out)}")
     found = losses(out_dir)
@@ -218,20 +225,23 @@ def part_export():
 ONE_GPU = {}  # the one-GPU losses the parallel parts compare with, run once for all of them
 
 
-def part_parallel(nproc, parallelism, *extra):
+PARALLEL = [*CHAR, "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=20", "--cuda_graph=False",
+            "--checkpoint_interval=-1"]
+
+
+def part_parallel(nproc, parallelism, *extra, forked=False):
     """N processes' losses against one GPU's; extra: more settings (ddp_sync='hooks' with the step's graph)."""
     def check():
         need("data/shakespeare_char/train.bin", "python data/shakespeare_char/prepare.py")
-        args = [*CHAR, "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=20", "--cuda_graph=False",
-                "--checkpoint_interval=-1"]
+        args = PARALLEL
         if "losses" not in ONE_GPU:
             code, out, out_dir = train("one-gpu", args)
             if code:
                 raise Failed(f"one GPU: exit {code}: {last_line(out)}")
             ONE_GPU["losses"] = losses(out_dir)
         one = ONE_GPU["losses"]
-        name = f"{parallelism}{'-hooks' if extra else ''}-{nproc}"
-        found, out, line = trained(name, [*args, f"--parallelism={parallelism}", *extra], nproc=nproc)
+        name = f"forked-{nproc}" if forked else f"{parallelism}{'-hooks' if extra else ''}-{nproc}"
+        found, out, line = trained(name, [*args, f"--parallelism={parallelism}", *extra], nproc, forked=forked)
         if "cuda_graph: off" in out:
             raise Failed(last_line(out[:out.index("cuda_graph: off") + 200]))
         worst = max(abs(a - b) / b for a, b in zip(found, one))
@@ -257,6 +267,16 @@ stepgraph.StepGraph.run = dies
 sys.argv = ["train.py"] + sys.argv[1:]
 runpy.run_path("train.py", run_name="__main__")
 """
+
+
+def part_forked_unset():
+    """Forked workers of a torchrun that counted the GPUs with CUDA itself: one line naming the variable."""
+    need("data/shakespeare_char/train.bin", "python data/shakespeare_char/prepare.py")
+    code, out, _ = train("forked-unset-2", PARALLEL, 2, forked=True, env={"PYTORCH_NVML_BASED_CUDA_CHECK": ""})
+    errors = [x for x in out.splitlines() if x.startswith("error:")]
+    if code == 0 or len(errors) != 1 or "PYTORCH_NVML_BASED_CUDA_CHECK=1" not in errors[0]:
+        raise Failed(f"exit {code}, error lines {errors}: {last_line(out)}")
+    return f"exit {code}: {errors[0][:90]}..."
 
 
 def part_dying_rank():
@@ -296,7 +316,9 @@ def main(argv):
             parts[f"ddp-{n}"] = part_parallel(n, "ddp")
             parts[f"fsdp-{n}"] = part_parallel(n, "fsdp")
             parts[f"ddp-hooks-{n}"] = part_parallel(n, "ddp", "--ddp_sync=hooks", "--cuda_graph=True")
+            parts[f"forked-{n}"] = part_parallel(n, "ddp", "--ddp_sync=hooks", "--cuda_graph=True", forked=True)
     if gpus() >= 2:
+        parts["forked-unset-2"] = part_forked_unset
         parts["ddp-hooks-dies-2"] = part_dying_rank
     chosen = [x for x in a.parts.split(",") if x] or list(parts)
     unknown = [x for x in chosen if x not in parts]

@@ -289,6 +289,8 @@ def main(argv=None):
                    "--extra) share one nanoGPT run in --out (with --skip_nanogpt)")
     p.add_argument("--nproc", type=int, default=1, help="N > 1: this project's runs under torchrun on N GPUs "
                    "(the same global batch: gradient_accumulation_steps is shared by the processes)")
+    p.add_argument("--fork", type=int, default=0, help="1: with --nproc, torchrun starts its workers as forks of "
+                   "itself (--run-path --start-method=fork), so that no worker imports torch again")
     a = p.parse_args(argv)
     from gpt.data import is_dataset_name
     if not is_dataset_name(a.dataset):
@@ -331,9 +333,10 @@ def main(argv=None):
 
     extra = [f"--dataset={a.dataset}", *a.extra.split()]
     trainer = [sys.executable, "train.py"] if a.nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "train.py"]
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
+         *(["--run-path", "--start-method=fork"] if a.fork else []), "train.py"]
     # a torchrun call's files beside the one-GPU call's, a tagged recipe's beside the others
-    tag = named + (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu")
+    tag = named + (f"-{a.tag}" if a.tag else "") + ("" if a.nproc == 1 else f"-{a.nproc}gpu" + "-fork" * a.fork)
     runs, evals, env = {}, {}, {}
 
     def save(curve_points=None):
@@ -350,7 +353,10 @@ def main(argv=None):
     seeds = [int(s) for s in a.seeds.split(",")]
     # every seed cold (its own empty compile caches); then, with --warm, the first seed launched again with
     # the caches its cold run filled, as a user's second run on the same machine
-    launches = [(seed, seed, f"seed{seed}{tag}", fresh_caches(out, f"seed{seed}{tag}")) for seed in seeds]
+    # a forked worker can use CUDA only if torchrun's process never initialised it: NVML answers its device count
+    fork_env = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"} if a.fork else {}
+    launches = [(seed, seed, f"seed{seed}{tag}", {**fresh_caches(out, f"seed{seed}{tag}"), **fork_env})
+                for seed in seeds]
     if a.warm:
         launches.append((f"{seeds[0]} (warm: second launch)", seeds[0], f"seed{seeds[0]}{tag}-warm", launches[0][3]))
     for key, seed, name, caches in launches:
