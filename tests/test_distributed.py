@@ -75,6 +75,7 @@ def test_workers_forked_from_torchrun_train_what_its_own_processes_do_from_any_f
                        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert losses(out) == losses(runs["ddp"])
+    assert not (out / "run.lock").exists()  # removed at a clean end (atexit), as by a worker of its own
 
 
 def test_fsdp_computes_what_ddp_does(runs):

@@ -452,25 +452,41 @@ def test_a_gpu_in_a_worker_forked_after_cuda_started_is_one_line_naming_the_fix(
     assert hardware.resolve_device("cpu") == "cpu"
 
 
-ROUTED = """import os, sys
+FORKED_ENDS = """import atexit, os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 from gpt.runtime import errors
 errors.install()
-errors.on_failure(lambda: open(os.path.join(sys.argv[2], "undone-" + os.environ["RANK"]), "w").close())
-raise RuntimeError("a bug")
+mark = lambda what: open(os.path.join(sys.argv[2], what + "-" + os.environ["RANK"]), "w").close()
+errors.on_failure(lambda: mark("undone"))
+atexit.register(lambda: mark("atexit"))
+if sys.argv[3] == "bug":
+    raise RuntimeError("a bug")
+if sys.argv[3] == "ctrl-c":
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
 """
 
 
-def test_a_forked_torchrun_worker_undoes_its_changes_and_keeps_a_bugs_traceback(tmp_path):
-    """In a worker forked from torchrun a bug keeps its traceback, in torchrun's summary, and what the script
-    registered to undo on failure (train.py: out_dir as it found it) is undone, as in a worker of its own."""
-    script = tmp_path / "fails.py"
-    script.write_text(ROUTED)
-    r = subprocess.run([*FORKED_TORCHRUN, str(script), ROOT, str(tmp_path)], cwd=str(tmp_path),
+@pytest.mark.parametrize("end", ["bug", "ctrl-c", "clean"])
+def test_a_worker_forked_from_torchrun_ends_as_a_worker_of_its_own(tmp_path, end):
+    """A worker forked from torchrun is a copy of torchrun's process, run inside torchrun's wrappers: a bug still
+    keeps its traceback (in torchrun's summary), Ctrl-C is still `interrupted (Ctrl-C)` and 130, what a script
+    registered to undo on failure (train.py: out_dir as it found it) is undone, and its atexit functions
+    (run.lock's removal) run at its end, as in a worker started as a new process."""
+    script = tmp_path / "ends.py"
+    script.write_text(FORKED_ENDS)
+    r = subprocess.run([*FORKED_TORCHRUN, str(script), ROOT, str(tmp_path), end], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    out = r.stdout + r.stderr
-    assert r.returncode == 1 and "RuntimeError: a bug" in out and 'fails.py", line 6' in out, out[-3000:]
-    assert (tmp_path / "undone-0").exists(), out[-3000:]  # (the other worker may be stopped before its own)
+    out, marks = r.stdout + r.stderr, {p.name for p in tmp_path.glob("*-[01]")}
+    if end == "clean":
+        assert r.returncode == 0 and marks == {"atexit-0", "atexit-1"}, out[-3000:]
+        return
+    # rank 0's marks (the other worker may be stopped before it ends)
+    assert r.returncode == 1 and {"undone-0", "atexit-0"} <= marks, (marks, out[-3000:])
+    if end == "bug":
+        assert "RuntimeError: a bug" in out and 'ends.py", line 9' in out, out[-3000:]
+    else:
+        assert "interrupted (Ctrl-C)" in r.stderr and "exitcode  : 130" in out, out[-3000:]
 
 
 def test_sample_into_a_closed_pipe_stops_quietly(tmp_path):

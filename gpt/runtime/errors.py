@@ -101,23 +101,34 @@ def _handle(kind, value):
         sys.exit(141)  # 128 + SIGPIPE
 
 
-def _through_torchrun():
-    """A worker that torchrun forks (`--run-path --start-method=fork`) runs the script inside torchrun's own
-    wrapper, which catches the script's exceptions before sys.excepthook would see them, and first hands each
-    to its error handler: the hook's work is done from there. Only where torchrun is already loaded, which is
-    such a worker (a worker started as a new process imports torch after this, and its hook sees its errors)."""
+def _like_a_new_worker():
+    """A worker that torchrun forks (`--run-path --start-method=fork`, docs/scaling.md) starts as a copy of
+    torchrun's process and ends without Python's own exit; made here to behave as a worker of its own:
+    - torchrun's wrapper catches the script's exceptions before sys.excepthook would, first handing each to its
+      error handler: the hook's work is done from there;
+    - torchrun's signal handlers (each raising an exception) give way to Python's, and Ctrl-C ends as the hook
+      ends it (torch's wrapper takes a KeyboardInterrupt for a quiet success);
+    - its own atexit functions (run.lock's removal, wandb's end) run at its end; torchrun's copies do not.
+    Only where torchrun is loaded in a child process, which is such a worker: a worker started as a new process
+    imports torch after this, and its hook and exit are Python's."""
     handlers = sys.modules.get("torch.distributed.elastic.multiprocessing.errors.error_handler")
     handler = getattr(handlers, "ErrorHandler", None)
-    if handler is None or getattr(handler.record_exception, "routed", False):
+    process = sys.modules.get("multiprocessing.process")
+    if handler is None or process is None or process.parent_process() is None or hasattr(handler, "_hook"):
         return
-    record = handler.record_exception
+    import atexit
+    import multiprocessing.util
 
     def record_exception(self, e):
         _handle(type(e), e)  # exits for a user's mistake; a bug goes on to torchrun's report of its traceback
-        record(self, e)
+        handler._hook(self, e)
 
-    record_exception.routed = True
-    handler.record_exception = record_exception
+    handler._hook, handler.record_exception = handler.record_exception, record_exception
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, lambda *_: _handle(KeyboardInterrupt, None))
+    atexit._clear()
+    multiprocessing.util.Finalize(None, atexit._run_exitfuncs, exitpriority=0)
 
 
 class ExitOnCtrlC:
@@ -140,6 +151,6 @@ class ExitOnCtrlC:
 def install():
     """Entry scripts call this once, first: the hook, and no stdout on a torchrun rank other than 0."""
     sys.excepthook = _excepthook
-    _through_torchrun()
+    _like_a_new_worker()
     if _other_rank():
         sys.stdout = open(os.devnull, "w")
