@@ -16,8 +16,7 @@ _launch_time = time.time()  # for "N s since launch" in the log (private: not a 
 import os
 import sys
 
-# the repo's modules also when torchrun --run-path runs this file in its own interpreter (sys.path: torchrun's folder)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for torchrun --run-path too (docs/scaling.md)
 from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line
 
 errors.install()
@@ -343,8 +342,9 @@ while True:
     dt, t0 = t1 - t0 - (step_start - eval_start), t1
     if iter_num % run.log_interval == 0:  # every rank: the loss is averaged over them (a CPU-GPU sync point)
         meter.step(iter_num, local_iter_num, float(loss_sum), lr, grad_norm, dt, nonfinite.skipped, elapsed())
-    if local_iter_num == 0 and run.master:  # a config far too big for this device: say so at once
-        hardware.warn_if_slow(time.time() - step_start, run.max_iters - iter_num - 1, run.device_type)
+    if local_iter_num == 0 and run.master and (  # a config far too big for this device: say so at once
+            warning := hardware.pace_warning(time.time() - step_start, run.max_iters - iter_num - 1, run.device_type)):
+        print(warning, flush=True)
     iter_num += 1
     local_iter_num += 1
 

@@ -1,9 +1,8 @@
 import os
 
-import numpy as np
 import pytest
 
-from gpt.runtime.files import atomic_path, atomic_write
+from gpt.runtime.files import atomic_write
 
 
 def test_atomic_write_replaces_only_when_complete(tmp_path):
@@ -21,23 +20,6 @@ def test_atomic_write_replaces_only_when_complete(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # as open() would make it, not mkstemp's 0600
-
-
-def test_atomic_path_for_a_memmap(tmp_path):
-    # np.memmap needs a file name; the data is there, under the final name, only after the block
-    path = tmp_path / "train.bin"
-    with atomic_path(path) as tmp:
-        arr = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(5,))
-        arr[:] = np.arange(5)
-        arr.flush()
-        del arr
-        assert not path.exists()
-    assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3, 4]
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_path(path) as tmp:
-            np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(3,))
-            raise KeyboardInterrupt
-    assert np.fromfile(path, dtype=np.uint16).tolist() == [0, 1, 2, 3, 4] and os.listdir(tmp_path) == ["train.bin"]
 
 
 def test_a_link_at_the_path_is_replaced_never_written_through(tmp_path):

@@ -45,7 +45,7 @@ PATH_WRITERS = {"savefig", "tofile", "save_file", "save_pretrained", "export_chr
 MODULE_WRITERS = {"save", "copy", "copyfile", "copy2", "copytree", "move"}
 SAVE_MODULES = {"torch", "np", "numpy", "dcp", "shutil", "pickle"}
 WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC"}
-HELPERS = {"atomic_write", "atomic_path", "writing"}  # gpt/runtime/files.py's; exportdir.writing is its new_folder
+HELPERS = {"atomic_write", "writing"}  # gpt/runtime/files.py's; exportdir.writing is its new_folder
 # writers that follow the rule in a way the scan cannot see, each with how: (file, function) -> why
 FOLLOW_THE_RULE_ELSEWHERE = {
     ("gpt/hf/tokenizer.py", "save_tokenizer"): "export.py calls it only with exportdir.writing's new folder",
@@ -131,7 +131,6 @@ def test_the_scan_finds_a_writer_that_goes_around_the_helper():
         assert unruly_writers(code, "new.py"), code
     good = ['open(p)', 'open(p, "rb")', 'np.memmap(p, dtype=d, mode="r")', 'os.open(p, os.O_RDONLY)',
             'with atomic_write(p) as f:\n    torch.save(x, f)',
-            'with atomic_path(p) as t:\n    np.memmap(t, mode="w+")',
             'with atomic_write(p) as f:\n    fig.savefig(f, format="png")', 'os.open(p, flags | NOFOLLOW, 0o644)',
             'open(os.devnull, "w")', 'with exportdir.writing(d) as folder:\n    m.save_pretrained(folder)',
             'saver.save(model)', 'json.dump(x, f)', 'rundir.move(a, b, name)']
@@ -142,14 +141,14 @@ def test_the_scan_finds_a_writer_that_goes_around_the_helper():
 def test_every_shipped_writer_goes_through_the_helper():
     """Every call in the shipped code that writes a file (open for writing, np.memmap w+, torch.save, savefig,
     save_pretrained, save_file, a profiler trace, write_text, ...) writes through gpt/runtime/files.py's
-    atomic_write/atomic_path/new_folder, or opens with O_NOFOLLOW (the appended log): a writer added later
+    atomic_write/new_folder, or opens with O_NOFOLLOW (the appended log): a writer added later
     that writes through a link fails here, naming its line."""
     found = []
     for path in shipped_python():
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             found += [f"{path}:{line} in {function}: {code}" for line, code, function in
                       unruly_writers(f.read(), path)]
-    assert not found, "write through gpt/runtime/files.py's atomic_write/atomic_path:\n" + "\n".join(found)
+    assert not found, "write through gpt/runtime/files.py's atomic_write:\n" + "\n".join(found)
     for path, function in FOLLOW_THE_RULE_ELSEWHERE:  # each exception still names a writer that exists
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             assert f"def {function}(" in f.read(), (path, function)

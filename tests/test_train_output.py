@@ -122,6 +122,38 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(data_dir, tmp_path):
     assert [row["step"] for row in read_log(out) if row["kind"] == "train"] == list(range(ckpt["iter_num"]))
 
 
+PRINTING = """import sys
+sys.path.insert(0, sys.argv[1])
+from gpt.runtime.signals import StopRequest
+stop, n = StopRequest(), 0
+while not stop.requested():
+    print("a line the terminal shows", n)
+    n += 1
+open(sys.argv[2], "w").write(str(stop.exit_code))
+"""
+
+
+def test_a_print_that_meets_the_terminal_closed_does_not_end_the_run(tmp_path):
+    """The kernel sends SIGHUP and fails every write to the hung-up terminal (EIO) at once; Python runs the
+    handler only at its next bytecode. A print in between (a run prints a line a step; this one prints without
+    a pause, so that it is always in between) must not end the run before the handler's stop and checkpoint."""
+    fcntl, termios = pytest.importorskip("fcntl"), pytest.importorskip("termios")
+    import pty
+    import select
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", PRINTING, ROOT, str(tmp_path / "stopped")], cwd=ROOT, env=ENV,
+                            stdin=tty, stdout=tty, stderr=tty, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+    os.close(tty)
+    shown, deadline = b"", time.time() + 120
+    while shown.count(b"a line the terminal shows") < 1000:
+        assert time.time() < deadline and proc.poll() is None, shown.decode(errors="replace")[-3000:]
+        if select.select([terminal], [], [], 0.2)[0]:
+            shown += os.read(terminal, 65536)
+    os.close(terminal)
+    assert proc.wait(timeout=60) == 0 and (tmp_path / "stopped").read_text() == str(128 + signal.SIGHUP)
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP (Windows)")
 def test_a_second_hangup_is_no_second_request_and_nohup_is_kept(capsys):
     from gpt.runtime.signals import StopRequest

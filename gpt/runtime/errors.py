@@ -102,15 +102,10 @@ def _handle(kind, value):
 
 
 def _like_a_new_worker():
-    """A worker that torchrun forks (`--run-path --start-method=fork`, docs/scaling.md) starts as a copy of
-    torchrun's process and ends without Python's own exit; made here to behave as a worker of its own:
-    - torchrun's wrapper catches the script's exceptions before sys.excepthook would, first handing each to its
-      error handler: the hook's work is done from there;
-    - torchrun's signal handlers (each raising an exception) give way to Python's, and Ctrl-C ends as the hook
-      ends it (torch's wrapper takes a KeyboardInterrupt for a quiet success);
-    - its own atexit functions (run.lock's removal, wandb's end) run at its end; torchrun's copies do not.
-    Only where torchrun is loaded in a child process, which is such a worker: a worker started as a new process
-    imports torch after this, and its hook and exit are Python's."""
+    """A worker that torchrun forks (`--run-path --start-method=fork`) is a copy of torchrun's process, run in
+    torch's wrappers, that ends without Python's exit; made one of its own (docs/scaling.md): the hook sees its
+    exceptions (from torchrun's error handler: the wrapper catches them first), Python's signal handlers replace
+    torchrun's, its atexit functions run at its end. Only in a child process that has torchrun loaded."""
     handlers = sys.modules.get("torch.distributed.elastic.multiprocessing.errors.error_handler")
     handler = getattr(handlers, "ErrorHandler", None)
     process = sys.modules.get("multiprocessing.process")

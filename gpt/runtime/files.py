@@ -4,7 +4,6 @@ the same folder, fsync, then rename over `path`, so that a crash leaves the old 
 through a link: mkstemp makes the file new (O_EXCL), and the rename replaces a link without touching its target.
 
     atomic_write(path)      a file object (torch.save, json.dump, savefig(f, format=...))
-    atomic_path(path)       a temporary name, for writers that need one (np.memmap)
     new_folder(path)        a new folder beside `path`, for writers of whole folders (save_pretrained)
 
 The appended log.jsonl is opened with O_NOFOLLOW instead (gpt/monitor/trainlog.py).
@@ -21,15 +20,6 @@ def atomic_write(path, mode="wb", before_replace=None, encoding=None):
         # the file mkstemp made, not whatever is at its name now
         with os.fdopen(os.dup(fd), mode, encoding=encoding) as f:
             yield f
-
-
-@contextmanager
-def atomic_path(path, before_replace=None):
-    """`with atomic_path(path) as tmp: ...` for writers that need a file name (np.memmap): `tmp` appears at
-    `path` when the block ends without an error, and is removed otherwise. before_replace() runs just before
-    the rename and may raise to call it off (a last check that `path` is still ours to replace)."""
-    with _temporary(path, before_replace) as (_, tmp):
-        yield tmp
 
 
 @contextmanager

@@ -34,9 +34,8 @@ def peak_flops(device):
 def resolve_device(device):
     """'auto' picks cuda, then mps, then cpu and says which; an explicit device must exist."""
     if device.split(":")[0] in ("auto", "cuda") and torch.cuda._is_in_bad_fork():  # else auto would pick the CPU
-        raise UserError("this process was forked from one that had started CUDA, and CUDA cannot start again in it: "
-                        "under torchrun --start-method=fork set PYTORCH_NVML_BASED_CUDA_CHECK=1 (torchrun then "
-                        "counts the GPUs without starting CUDA), or launch without --start-method=fork")
+        raise UserError("this process was forked from one that had started CUDA, where CUDA cannot start again: with "
+                        "torchrun --start-method=fork set PYTORCH_NVML_BASED_CUDA_CHECK=1 (GPUs counted without CUDA)")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         print(f"device: {device} (auto)")
@@ -137,11 +136,6 @@ def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
 
 
 SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CPU or MPS gets a warning
-
-
-def warn_if_slow(seconds_per_step, steps_left, device_type):
-    if warning := pace_warning(seconds_per_step, steps_left, device_type):
-        print(warning, flush=True)
 
 
 def pace_warning(seconds_per_step, steps_left, device_type):

@@ -2,6 +2,7 @@
 Stopping a run cleanly when the machine is taken away: SIGTERM, SIGINT or SIGHUP asks for a checkpoint and an
 exit after this step (docs/checkpoints.md#preemption says what each signal does).
 """
+import errno
 import os
 import signal
 import stat
@@ -24,6 +25,7 @@ class StopRequest:
             signal.signal(sig, self._handle)
         if HANGUP is not None and signal.getsignal(HANGUP) is not signal.SIG_IGN:  # nohup's choice stands
             signal.signal(HANGUP, self._handle)
+            sys.stdout, sys.stderr = OutlivesTerminal(sys.stdout), OutlivesTerminal(sys.stderr)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
@@ -66,6 +68,32 @@ def say(text, stream=None):
     a reentrant call) or with the terminal gone (OSError); the message is then lost, never the run."""
     with suppress(*LOST):
         print(text, file=stream or sys.stdout, flush=True)
+
+
+class OutlivesTerminal:
+    """stdout or stderr whose write meets its terminal hung up (EIO: the kernel has sent SIGHUP, the handler has
+    not run yet) sends the terminal to /dev/null, as the handler does, instead of ending the run there."""
+
+    def __init__(self, stream):
+        self.stream = stream.stream if isinstance(stream, OutlivesTerminal) else stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def write(self, text):
+        return self._outliving("write", text)
+
+    def flush(self):
+        return self._outliving("flush")
+
+    def _outliving(self, name, *args):
+        try:
+            return getattr(self.stream, name)(*args)
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            mute_dead_terminal()
+            return getattr(self.stream, name)(*args)  # into /dev/null now; a terminal not hung up fails again
 
 
 def mute_dead_terminal():
