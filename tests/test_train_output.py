@@ -92,6 +92,13 @@ def test_the_start_counts_shards(tmp_path):
                                                      f"in {tmp_path}, GPT-2 BPE (no meta.json)")
 
 
+def terminal_of_its_own(fcntl, termios):
+    """In the child: the pty its controlling terminal, and SIGHUP's default action (a run under nohup, as a test
+    run may be, would pass on its ignored SIGHUP, which the run keeps ignoring)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def test_a_closed_terminal_stops_the_run_with_a_checkpoint(data_dir, tmp_path):
     """The run's terminal is closed (the window, an ssh session that dropped): the kernel hangs the terminal up
     and sends SIGHUP. The run finishes its step and saves a checkpoint, though every write to the terminal
@@ -106,7 +113,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(data_dir, tmp_path):
     args = [f"--{k}={v}" for k, v in {**TINY, "max_iters": 100000, "eval_interval": 100000}.items()]
     proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *args],
                             cwd=ROOT, env=ENV, stdin=tty, stdout=tty, stderr=tty, start_new_session=True,
-                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+                            preexec_fn=lambda: terminal_of_its_own(fcntl, termios))
     os.close(tty)
     shown, deadline = b"", time.time() + 120
     while len(re.findall(rb"^iter \d+:", shown, re.M)) < 4:  # what the terminal showed, read as it comes
@@ -143,7 +150,7 @@ def test_a_print_that_meets_the_terminal_closed_does_not_end_the_run(tmp_path):
     terminal, tty = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-c", PRINTING, ROOT, str(tmp_path / "stopped")], cwd=ROOT, env=ENV,
                             stdin=tty, stdout=tty, stderr=tty, start_new_session=True,
-                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # its controlling terminal
+                            preexec_fn=lambda: terminal_of_its_own(fcntl, termios))
     os.close(tty)
     shown, deadline = b"", time.time() + 120
     while shown.count(b"a line the terminal shows") < 1000:
