@@ -456,7 +456,7 @@ FORKED_ENDS = """import atexit, os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 from gpt.runtime import errors
 errors.install()
-mark = lambda what: open(os.path.join(sys.argv[2], what + "-" + os.environ["RANK"]), "w").close()
+mark = lambda what: open(os.path.join(sys.argv[2], what + "-" + os.environ["RANK"]), "a").write("once")
 errors.on_failure(lambda: mark("undone"))
 atexit.register(lambda: mark("atexit"))
 if sys.argv[3] == "bug":
@@ -467,22 +467,25 @@ if sys.argv[3] == "ctrl-c":
 """
 
 
-@pytest.mark.parametrize("end", ["bug", "ctrl-c", "clean"])
+@pytest.mark.parametrize("end", ["bug", "ctrl-c", "clean", "clean, spawned"])
 def test_a_worker_forked_from_torchrun_ends_as_a_worker_of_its_own(tmp_path, end):
     """A worker forked from torchrun is a copy of torchrun's process, run inside torchrun's wrappers: a bug still
     keeps its traceback (in torchrun's summary), Ctrl-C is still `interrupted (Ctrl-C)` and 130, what a script
     registered to undo on failure (train.py: out_dir as it found it) is undone, and its atexit functions
-    (run.lock's removal) run at its end, as in a worker started as a new process."""
+    (run.lock's removal) run at its end, once, as in a worker started as a new process. A worker that
+    `--run-path` spawns (torchrun's default start method) ends with Python's own exit: its atexit runs once too."""
     script = tmp_path / "ends.py"
     script.write_text(FORKED_ENDS)
-    r = subprocess.run([*FORKED_TORCHRUN, str(script), ROOT, str(tmp_path), end], cwd=str(tmp_path),
+    launch = [*FORKED_TORCHRUN[:-1], "--start-method=spawn"] if end == "clean, spawned" else FORKED_TORCHRUN
+    r = subprocess.run([*launch, str(script), ROOT, str(tmp_path), end], cwd=str(tmp_path),
                        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    out, marks = r.stdout + r.stderr, {p.name for p in tmp_path.glob("*-[01]")}
-    if end == "clean":
-        assert r.returncode == 0 and marks == {"atexit-0", "atexit-1"}, out[-3000:]
+    out, marks = r.stdout + r.stderr, {p.name: p.read_text() for p in tmp_path.glob("*-[01]")}
+    if end.startswith("clean"):
+        assert r.returncode == 0 and marks == {"atexit-0": "once", "atexit-1": "once"}, (marks, out[-3000:])
+        assert "Exception ignored" not in out, out[-3000:]  # nothing of the worker's left to Python's teardown
         return
     # rank 0's marks (the other worker may be stopped before it ends)
-    assert r.returncode == 1 and {"undone-0", "atexit-0"} <= marks, (marks, out[-3000:])
+    assert r.returncode == 1 and marks.get("undone-0") == marks.get("atexit-0") == "once", (marks, out[-3000:])
     if end == "bug":
         assert "RuntimeError: a bug" in out and 'ends.py", line 9' in out, out[-3000:]
     else:

@@ -122,8 +122,7 @@ def _like_a_new_worker():
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGINT, lambda *_: _handle(KeyboardInterrupt, None))
-    atexit._clear()
-    multiprocessing.util.Finalize(None, atexit._run_exitfuncs, exitpriority=0)
+    multiprocessing.util.Finalize(None, atexit._run_exitfuncs, exitpriority=0)  # which leaves none for an exit after
 
 
 class ExitOnCtrlC:
