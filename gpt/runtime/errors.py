@@ -122,7 +122,7 @@ def _like_a_new_worker():
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     signal.signal(signal.SIGINT, lambda *_: _handle(KeyboardInterrupt, None))
-    multiprocessing.util.Finalize(None, atexit._run_exitfuncs, exitpriority=0)  # which leaves none for an exit after
+    multiprocessing.util.Finalize(None, atexit._run_exitfuncs, exitpriority=0)  # none left for a spawned one's exit
 
 
 class ExitOnCtrlC:
