@@ -293,6 +293,8 @@ def main(argv=None):
                    "itself (--run-path --start-method=fork), so that no worker imports torch again")
     a = p.parse_args(argv)
     from gpt.data import is_dataset_name
+    if a.fork and a.nproc == 1:
+        raise SystemExit("error: --fork=1 forks torchrun's workers: give --nproc=N (N > 1) too, or leave --fork out")
     if not is_dataset_name(a.dataset):
         raise SystemExit(f"error: --dataset {a.dataset!r} must be the name of a folder in data/")
     nano_cfg = nanogpt_settings(a.nanogpt_config)

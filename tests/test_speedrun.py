@@ -146,3 +146,31 @@ def test_a_call_cut_short_keeps_the_runs_it_scored(tmp_path, monkeypatch):
     table = (out / "speedrun.md").read_text()
     assert "| this project | 1337 | 2.4832 | 19.5 |" in table and "| 1 |" not in table, table
     assert list(json.loads((out / "speedrun.json").read_text())["runs"]) == ["1337"]
+
+
+def test_forked_workers_are_launched_as_docs_speedrun_md_says(tmp_path, monkeypatch):
+    # --fork=1: torchrun's own flags, and NVML to count the GPUs (else a forked worker cannot start CUDA)
+    cfg = tmp_path / "nano.py"
+    cfg.write_text("dataset = 'gcide'\nmax_iters = 400\nbatch_size = 8\nblock_size = 1024\n"
+                   "gradient_accumulation_steps = 8\n")
+    launches = []
+
+    def fake_run(cmd, cwd, log_path, env=None):
+        launches.append((cmd, env))
+        out_dir = next(c.split("=", 1)[1] for c in cmd if c.startswith("--out_dir="))
+        os.makedirs(out_dir)
+        open(os.path.join(out_dir, "ckpt.pt"), "w").close()
+        return [(1.0, "step 0: train loss 10.9, val loss 10.95"), (14.5, "step 190: train loss 2.4, val loss 2.49")]
+
+    monkeypatch.setattr(speedrun, "run_timestamped", fake_run)
+    monkeypatch.setattr(speedrun, "corpus", lambda *a: None)
+    monkeypatch.setattr(speedrun, "score", lambda ckpt, val, device, batch_size=16: (190, 3_112_960, 2.4649))
+    args = ["--anchor", str(tmp_path), "--nanogpt_config", str(cfg), "--reference=103.9,2.5209", "--seeds=1337",
+            "--curve=0", f"--out={tmp_path / 'out'}", "--device=cpu"]
+    with pytest.raises(SystemExit, match="--fork=1 forks torchrun's workers: give --nproc=N"):
+        speedrun.main([*args, "--fork=1"])
+    speedrun.main([*args, "--fork=1", "--nproc=2"])
+    (cmd, env), = launches
+    assert cmd[1:8] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--run-path",
+                        "--start-method=fork", "train.py"] and env["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    assert "| this project | 1337 | 2.4649 | 14.5 |" in (tmp_path / "out" / "speedrun-2gpu-fork.md").read_text()
