@@ -33,6 +33,8 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+# two workers forked from torchrun, running the script in its interpreter (docs/scaling.md)
+FORKED_TORCHRUN = [*TORCHRUN, "--nproc_per_node=2", "--run-path", "--start-method=fork"]
 
 # Optional packages: the GPU machines have no datasets and no wandb, and pip cannot reach them there. A test
 # that imports one, or runs a script that does, is marked @pytest.mark.needs("datasets") and skips, saying

@@ -15,7 +15,17 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import ROOT, TORCHRUN, assert_same_training, counting_ids, flags, log_rows, run, tiny, write_ids_dataset
+from conftest import (
+    FORKED_TORCHRUN,
+    ROOT,
+    assert_same_training,
+    counting_ids,
+    flags,
+    log_rows,
+    run,
+    tiny,
+    write_ids_dataset,
+)
 
 from gpt.checkpoint import load_checkpoint
 from model import GPT, GPTConfig
@@ -69,8 +79,7 @@ def test_workers_forked_from_torchrun_train_what_its_own_processes_do_from_any_f
     # torchrun --run-path --start-method=fork (docs/scaling.md: no worker imports torch again) runs train.py in
     # torchrun's own interpreter, whose sys.path starts at the launch folder (or the torchrun command's folder)
     out = tmp_path / "forked"
-    r = subprocess.run([*TORCHRUN, "--nproc_per_node=2", "--run-path", "--start-method=fork",
-                        os.path.join(ROOT, "train.py"), f"--data_dir={shards}", f"--out_dir={out}",
+    r = subprocess.run([*FORKED_TORCHRUN, os.path.join(ROOT, "train.py"), f"--data_dir={shards}", f"--out_dir={out}",
                         *flags(**{**TINY, "max_iters": 8})], cwd=str(tmp_path), capture_output=True, text=True,
                        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]

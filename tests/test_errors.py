@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TORCHRUN
+from conftest import FORKED_TORCHRUN, ROOT
 from conftest import run as run_script
 
 WORKERS = max(2, min(4, os.cpu_count() or 2))
@@ -409,9 +409,6 @@ def test_ctrl_c_before_training_is_one_short_line(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == "interrupted (Ctrl-C)", err[-3000:]
-
-
-FORKED_TORCHRUN = [*TORCHRUN, "--nproc_per_node=2", "--run-path", "--start-method=fork"]
 
 
 @pytest.mark.parametrize("launch", ["plain", "forked"])

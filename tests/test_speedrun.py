@@ -118,38 +118,10 @@ def test_each_cold_run_gets_its_own_empty_compile_caches(tmp_path):
     assert speedrun.fresh_caches(str(tmp_path), "seed2")["CUDA_CACHE_PATH"] != env["CUDA_CACHE_PATH"]
 
 
-def test_a_call_cut_short_keeps_the_runs_it_scored(tmp_path, monkeypatch):
-    # a GPU call's time limit or a crash in the second seed's run: the first seed's score is already in the
-    # table and the JSON, not only in memory
-    cfg = tmp_path / "nano.py"
-    cfg.write_text("dataset = 'gcide'\nmax_iters = 400\nbatch_size = 8\nblock_size = 1024\n"
-                   "gradient_accumulation_steps = 8\n")
-    launches = []
-
-    def fake_run(cmd, cwd, log_path, env=None):
-        launches.append(cmd)
-        if len(launches) == 2:
-            raise SystemExit("error: train.py failed")
-        out_dir = next(c.split("=", 1)[1] for c in cmd if c.startswith("--out_dir="))
-        os.makedirs(out_dir)
-        open(os.path.join(out_dir, "ckpt.pt"), "w").close()
-        return [(1.0, "step 0: train loss 10.9, val loss 10.95"), (19.5, "step 190: train loss 2.4, val loss 2.49")]
-
-    monkeypatch.setattr(speedrun, "run_timestamped", fake_run)
-    monkeypatch.setattr(speedrun, "corpus", lambda *a: None)
-    monkeypatch.setattr(speedrun, "score", lambda ckpt, val, device, batch_size=16: (190, 3_112_960, 2.4832))
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit, match="train.py failed"):
-        speedrun.main(["--anchor", str(tmp_path), "--nanogpt_config", str(cfg), "--reference=103.7,2.5271",
-                       "--seeds=1337,1", "--curve=0", f"--out={out}", "--device=cpu"])
-    assert len(launches) == 2
-    table = (out / "speedrun.md").read_text()
-    assert "| this project | 1337 | 2.4832 | 19.5 |" in table and "| 1 |" not in table, table
-    assert list(json.loads((out / "speedrun.json").read_text())["runs"]) == ["1337"]
-
-
-def test_forked_workers_are_launched_as_docs_speedrun_md_says(tmp_path, monkeypatch):
-    # --fork=1: torchrun's own flags, and NVML to count the GPUs (else a forked worker cannot start CUDA)
+def faked_speedrun(tmp_path, monkeypatch, loss, seconds, fail_at=None):
+    """dev/speedrun.py's main with its runs faked: each launch of this project's recipe is recorded as (command,
+    environment) and leaves a checkpoint scored `loss` and a last evaluation at `seconds`; launch `fail_at` fails.
+    Returns the launches and main's first arguments (nanoGPT's reference given, not run)."""
     cfg = tmp_path / "nano.py"
     cfg.write_text("dataset = 'gcide'\nmax_iters = 400\nbatch_size = 8\nblock_size = 1024\n"
                    "gradient_accumulation_steps = 8\n")
@@ -157,16 +129,36 @@ def test_forked_workers_are_launched_as_docs_speedrun_md_says(tmp_path, monkeypa
 
     def fake_run(cmd, cwd, log_path, env=None):
         launches.append((cmd, env))
+        if len(launches) == fail_at:
+            raise SystemExit("error: train.py failed")
         out_dir = next(c.split("=", 1)[1] for c in cmd if c.startswith("--out_dir="))
         os.makedirs(out_dir)
         open(os.path.join(out_dir, "ckpt.pt"), "w").close()
-        return [(1.0, "step 0: train loss 10.9, val loss 10.95"), (14.5, "step 190: train loss 2.4, val loss 2.49")]
+        return [(1.0, "step 0: train loss 10.9, val loss 10.95"), (seconds, "step 190: train loss 2.4, val loss 2.49")]
 
     monkeypatch.setattr(speedrun, "run_timestamped", fake_run)
     monkeypatch.setattr(speedrun, "corpus", lambda *a: None)
-    monkeypatch.setattr(speedrun, "score", lambda ckpt, val, device, batch_size=16: (190, 3_112_960, 2.4649))
-    args = ["--anchor", str(tmp_path), "--nanogpt_config", str(cfg), "--reference=103.9,2.5209", "--seeds=1337",
-            "--curve=0", f"--out={tmp_path / 'out'}", "--device=cpu"]
+    monkeypatch.setattr(speedrun, "score", lambda ckpt, val, device, batch_size=16: (190, 3_112_960, loss))
+    return launches, ["--anchor", str(tmp_path), "--nanogpt_config", str(cfg), "--curve=0",
+                      f"--out={tmp_path / 'out'}", "--device=cpu"]
+
+
+def test_a_call_cut_short_keeps_the_runs_it_scored(tmp_path, monkeypatch):
+    # a GPU call's time limit or a crash in the second seed's run: the first seed's score is already in the
+    # table and the JSON, not only in memory
+    launches, args = faked_speedrun(tmp_path, monkeypatch, 2.4832, 19.5, fail_at=2)
+    with pytest.raises(SystemExit, match="train.py failed"):
+        speedrun.main([*args, "--reference=103.7,2.5271", "--seeds=1337,1"])
+    assert len(launches) == 2
+    table = (tmp_path / "out" / "speedrun.md").read_text()
+    assert "| this project | 1337 | 2.4832 | 19.5 |" in table and "| 1 |" not in table, table
+    assert list(json.loads((tmp_path / "out" / "speedrun.json").read_text())["runs"]) == ["1337"]
+
+
+def test_forked_workers_are_launched_as_docs_speedrun_md_says(tmp_path, monkeypatch):
+    # --fork=1: torchrun's own flags, and NVML to count the GPUs (else a forked worker cannot start CUDA)
+    launches, args = faked_speedrun(tmp_path, monkeypatch, 2.4649, 14.5)
+    args += ["--reference=103.9,2.5209", "--seeds=1337"]
     with pytest.raises(SystemExit, match="--fork=1 forks torchrun's workers: give --nproc=N"):
         speedrun.main([*args, "--fork=1"])
     speedrun.main([*args, "--fork=1", "--nproc=2"])
