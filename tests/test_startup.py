@@ -154,6 +154,18 @@ def test_a_run_says_where_its_start_up_went(tmp_path, shakespeare_text_path):
     assert f"import torch {parts['import_torch']:.1f}s" in lines[0]
 
 
+def test_the_start_up_line_and_row_round_the_same_times():
+    # 1.34962 s: logged as 1.35, which prints as 1.4; printed from the unrounded time it read 1.3
+    import time
+
+    from gpt.monitor.trainlog import Startup
+    launch = time.time() - 2
+    startup = Startup(launch, launch + 1.34962)
+    row, line = startup.row(), startup.line(compiled=False)
+    assert row["import_torch"] == 1.35 and "(import torch 1.4s, " in line
+    assert all(f"{name.replace('_', ' ')} {seconds:.1f}s" in line for name, seconds in row.items())
+
+
 def test_cudnn_attention_false_keeps_attention_off_cudnns_kernel():
     """The setting is torch's switch: off, F.scaled_dot_product_attention may not pick cuDNN's kernel."""
     from gpt.runtime import hardware

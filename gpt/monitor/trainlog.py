@@ -221,11 +221,12 @@ class Startup:
         self.part('other imports')
 
     def part(self, name, until=None):
-        """The time since the last part (until now, or `until`), as the part `name`."""
-        self.parts.append((name, (until or time.time()) - self.launch - sum(s for _, s in self.parts)))
+        """The time since the last part (until now, or `until`), as the part `name`; to the millisecond, as logged,
+        so that the line and the row round the same number."""
+        self.parts.append((name, round((until or time.time()) - self.launch - sum(s for _, s in self.parts), 3)))
 
     def row(self):
-        return {name.replace(' ', '_'): round(seconds, 3) for name, seconds in self.parts}
+        return {name.replace(' ', '_'): seconds for name, seconds in self.parts}
 
     def line(self, compiled):
         """compiled: the first evaluation compiles the model (torch.compile is lazy), and step 0 its backward."""
