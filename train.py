@@ -126,6 +126,8 @@ config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), muon.
 # The run is decided before anything is touched (gpt/training/plan.py): every check that can fail runs, and from
 # here on the script reads the run from the plan: run.X, each setting as the run uses it and what follows from it
 run, source = plan.make(config)
+ahead = kernels.compile_ahead(GPTConfig(**run.model), (run.micro_batch, run.eval_batch), run.dtype, run.device,
+                              run.compile)  # Triton's kernels, compiled in forked processes while this one goes on
 startup.part('plan')
 distributed.init_process(run.device, run.backend, run.dist_timeout_minutes)  # torchrun: join the group
 if run.torchrun:
@@ -168,7 +170,7 @@ print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming 
        'pretrained': f"Initializing from pretrained weights: {run.init_from}"}[run.init])
 model = plan.build_model(run, source, run.seed)  # downloads GPT-2's weights for init_from=gpt2*
 model.to(run.device)
-kernels.precompile(model, (run.micro_batch, run.eval_batch), run.dtype, run.compile)  # Triton's, side by side
+kernels.precompile(model, (run.micro_batch, run.eval_batch), run.dtype, run.compile, ahead)  # loaded, or compiled
 scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16'))  # a no-op but for float16
 
 # compile the model, and spread it over the processes: DDP or FSDP2

@@ -94,3 +94,58 @@ def test_precompile_fills_the_kernel_caches_on_a_gpu():
         model(x, x)[1].backward()
     assert [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels] == compiled  # nothing new
     assert all(compiled), compiled
+
+
+def tiny_fused_config():
+    from model import GPTConfig
+    return GPTConfig(n_layer=1, n_head=4, n_embd=128, block_size=64, vocab_size=256, qk_norm=True, pos_emb='rope',
+                     fused_qk=True, fused_loss=True)
+
+
+@needs_triton
+def test_a_fork_compiles_the_kernels_for_the_gpu_it_is_told_of_without_cuda(tmp_path, monkeypatch):
+    # as compile_ahead's forks do, from a process whose CUDA they may not use (here there is none at all)
+    import json
+    import os
+
+    from triton.backends.compiler import GPUTarget
+
+    from gpt.kernels import dispatch
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    jobs = dispatch.warm_ups(tiny_fused_config(), (4, 2), 'bfloat16', 'cpu')
+    pids = [dispatch.compile_in_a_fork(job, GPUTarget('cuda', 90, 32)) for job in jobs]
+    assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids] == [0] * len(jobs)
+    binaries = sorted(path.name for path in tmp_path.rglob('*.cubin'))
+    assert binaries == ['_backward.cubin', '_forward.cubin', '_loss_and_grad.cubin'], binaries
+    kernels = [path.with_suffix('.json') for path in tmp_path.rglob('*.cubin')]
+    assert {json.loads(path.read_text())['target']['arch'] for path in kernels} == {90}
+
+
+AHEAD_ON_A_GPU = r"""
+import os, sys
+import torch
+sys.path.insert(0, os.getcwd() + "/tests")
+from test_precompile import tiny_fused_config
+from gpt.kernels import dispatch
+from model import GPT
+
+cfg = tiny_fused_config()
+torch.cuda.init()  # started before the forks, as train.py's plan starts it
+pids = dispatch.compile_ahead(cfg, (4, 2), 'bfloat16', 'cuda', compiled=False)
+assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids] == [0, 0, 0], pids
+files = lambda: {os.path.join(d, f) for d, _, names in os.walk(os.environ["TRITON_CACHE_DIR"]) for f in names}
+ahead = files()
+dispatch.precompile(GPT(cfg).cuda(), (4, 2), 'bfloat16', compiled=False)
+assert files() == ahead, sorted(files() - ahead)  # every kernel and launcher found in the cache, none built again
+print("ok")
+"""
+
+
+@pytest.mark.cuda
+def test_the_kernels_compiled_ahead_are_the_ones_the_run_loads(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", AHEAD_ON_A_GPU], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]

@@ -1,7 +1,9 @@
 """Where gpt/kernels' Triton kernels run in place of model.py's plain PyTorch: on a CUDA GPU, uncompiled
 (torch.compile fuses the plain paths by itself). Each kernel's module imports Triton, which CPU builds of torch
 lack, so this is the one place that imports them, and only where they run."""
+import contextlib
 import importlib.util
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -31,10 +33,55 @@ def qk_kernel(q):
     return norm_and_rotate
 
 
-def precompile(model, batch_sizes, dtype, compiled):
+def compile_ahead(cfg, batch_sizes, dtype, device, compiled):
+    """Start compiling the Triton kernels that precompile will call, each job in a process forked from this one,
+    while this one goes on to its process group and model; precompile waits for them and loads the kernels from
+    Triton's cache on disk. Processes, not threads: Triton's passes hold the interpreter's lock. A fork may not use
+    CUDA once its parent has started it, so they compile for this GPU's target, named, on stand-ins in CPU memory,
+    and launch nothing. Returns their process ids; a fork that fails costs time only (precompile compiles then)."""
+    if compiled or torch.device(device).type != 'cuda' or not HAS_TRITON or not hasattr(os, 'fork'):
+        return []
+    if not (jobs := warm_ups(cfg, batch_sizes, dtype, 'cpu')):
+        return []
+    from triton.backends.compiler import GPUTarget  # imports Triton: only where it runs
+    major, minor = torch.cuda.get_device_capability(device)
+    return [compile_in_a_fork(job, GPUTarget('cuda', 10 * major + minor, 32)) for job in jobs]
+
+
+def compile_in_a_fork(job, target):
+    """Run one of warm_ups' jobs in a forked process that compiles its kernels for `target` (a Triton GPUTarget)
+    into Triton's cache on disk, with the C modules Triton builds to launch them; returns the process's id."""
+    if pid := os.fork():
+        return pid
+    status = 1
+    try:  # the fork ends here, silently: no exit handlers of the parent's, nothing written to its output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.dup2(1, 2)
+        from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils
+        from triton.runtime import JITFunction, driver
+        stand_in = CudaDriver.__new__(CudaDriver)  # names the device and target instead of asking CUDA
+        stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda: target)
+        stand_in.get_current_stream = lambda device=None: 0
+        driver.set_active(stand_in)
+        built = []  # kernel[grid](...) compiles, launches nothing
+        JITFunction.__getitem__ = lambda kernel, grid: lambda *a, **k: built.append(kernel.warmup(*a, grid=grid, **k))
+        job()
+        status = 0
+        CudaUtils()  # Triton's CUDA utilities and each kernel's launcher, built with gcc (they need libcuda)
+        for kernel in built:
+            CudaLauncher(kernel.src, kernel.metadata)
+    finally:
+        os._exit(status)
+
+
+def precompile(model, batch_sizes, dtype, compiled, ahead=()):
     """Compile the Triton kernels that the run will call before its first evaluation, each in a thread: a cold
     cache compiles them one by one at their first calls otherwise, and threads overlap their gcc and ptxas
-    processes. batch_sizes: the training micro-batch's, then the evaluations'."""
+    processes. batch_sizes: the training micro-batch's, then the evaluations'. ahead: compile_ahead's processes,
+    waited for first: the kernels they compiled load from Triton's cache."""
+    for pid in ahead:
+        with contextlib.suppress(ChildProcessError):  # already reaped where SIGCHLD is ignored
+            os.waitpid(pid, 0)
     device = next(model.parameters()).device
     if compiled or device.type != 'cuda' or not HAS_TRITON:
         return
@@ -60,7 +107,7 @@ def warm_ups(cfg, batch_sizes, dtype, device):
     cos = sin = torch.zeros(T, hs, device=device) if rope else None
     widths = [cfg.n_head * hs, cfg.n_kv_head * hs, cfg.n_kv_head * hs]
     views = [x.view(B, T, -1, hs) for B in dict.fromkeys(batch_sizes)  # q and k: views of c_attn's output
-             for x in torch.zeros(B, T, sum(widths), dtype=dtype, device=device).split(widths, -1)[:2]]
+             for x in torch.empty(B, T, sum(widths), dtype=dtype, device=device).split(widths, -1)[:2]]
 
     def forward():
         for x in views:
@@ -73,7 +120,7 @@ def warm_ups(cfg, batch_sizes, dtype, device):
 
     def loss():
         rows = min(cfg.loss_chunk, batch_sizes[0] * T)
-        logits = torch.zeros(rows, cfg.vocab_size, dtype=dtype, device=device)
+        logits = torch.empty(rows, cfg.vocab_size, dtype=dtype, device=device)
         cross_entropy.loss_and_grad_(logits, torch.zeros(rows, dtype=torch.long, device=device), cfg.logit_softcap)
 
     return [forward, backward] * cfg.fused_qk + [loss] * cfg.fused_loss
