@@ -57,6 +57,7 @@ def compile_in_a_fork(job, target):
     try:  # the fork ends here, silently: no exit handlers of the parent's, nothing written to its output
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         os.dup2(1, 2)
+        torch.set_num_threads(1)  # a CPU op on OpenMP's threads, which a fork does not have, would never return
         from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils
         from triton.runtime import JITFunction, driver
         stand_in = CudaDriver.__new__(CudaDriver)  # names the device and target instead of asking CUDA
@@ -115,7 +116,9 @@ def warm_ups(cfg, batch_sizes, dtype, device):
 
     def backward():  # the gradient as SDPA's backward leaves it: laid out as q (flash) or as (B, heads, T, hs)
         for x in views[:2]:
-            for g in (x.contiguous(), x.transpose(1, 2).contiguous().transpose(1, 2)):
+            B, _, H, D = x.shape
+            for g in (torch.empty(B, T, H, D, dtype=dtype, device=device),
+                      torch.empty(B, H, T, D, dtype=dtype, device=device).transpose(1, 2)):
                 fused_qk._launch(fused_qk._backward, x, g, cos, sin, eps, rope)
 
     def loss():
