@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for torchrun -
 from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line
 
 errors.install()
+from gpt.kernels import ahead  # no torch either: Triton's compilers start now, while torch loads
 
+compilers = ahead.start()  # where there is an NVIDIA GPU and Triton (gpt/kernels/ahead.py)
 import math
 
 with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from C++: exit at once instead
@@ -29,10 +31,11 @@ with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from
 
 _imported_torch = time.time()
 import configurator
-from gpt import checkpoint, kernels, optim
+from gpt import checkpoint, optim
 from gpt.checkpoint import rundir
 from gpt.data.loader import make_loader
 from gpt.data.tokenizer import get_tokenizer
+from gpt.kernels import dispatch
 from gpt.monitor import server
 from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
 from gpt.optim import muon
@@ -126,8 +129,8 @@ config = configurator.apply(globals(), sys.argv[1:], GPTConfig.settings(), muon.
 # The run is decided before anything is touched (gpt/training/plan.py): every check that can fail runs, and from
 # here on the script reads the run from the plan: run.X, each setting as the run uses it and what follows from it
 run, source = plan.make(config)
-ahead = kernels.compile_ahead(GPTConfig(**run.model), (run.micro_batch, run.eval_batch), run.dtype, run.device,
-                              run.compile)  # Triton's kernels, compiled in forked processes while this one goes on
+dispatch.compile_ahead(compilers, GPTConfig(**run.model), (run.micro_batch, run.eval_batch), run.dtype, run.device,
+                       run.compile)  # the kernels the run will call, sent to the compilers
 startup.part('plan')
 distributed.init_process(run.device, run.backend, run.dist_timeout_minutes)  # torchrun: join the group
 if run.torchrun:
@@ -170,7 +173,7 @@ print({'scratch': "Initializing a new model from scratch", 'resume': f"Resuming 
        'pretrained': f"Initializing from pretrained weights: {run.init_from}"}[run.init])
 model = plan.build_model(run, source, run.seed)  # downloads GPT-2's weights for init_from=gpt2*
 model.to(run.device)
-kernels.precompile(model, (run.micro_batch, run.eval_batch), run.dtype, run.compile, ahead)  # loaded, or compiled
+dispatch.precompile(model, (run.micro_batch, run.eval_batch), run.dtype, run.compile, compilers)  # loaded, or compiled
 scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16'))  # a no-op but for float16
 
 # compile the model, and spread it over the processes: DDP or FSDP2

@@ -13,7 +13,7 @@ from model import GPT, GPTConfig
 COMPARE = r"""
 import torch, torch.nn.functional as F
 from model import rotary, apply_rotary
-from gpt.kernels.fused_qk import norm_and_rotate
+from gpt.kernels.dispatch import norm_and_rotate
 torch.manual_seed(0)
 for (B, T, H, Hk, D), norm, rope in [((2, 5, 4, 2, 8), True, True), ((2, 5, 3, 3, 6), True, False),
                                      ((1, 7, 2, 2, 12), False, True), ((3, 1, 2, 1, 4), True, True)]:

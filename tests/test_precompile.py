@@ -103,60 +103,75 @@ def tiny_fused_config():
                      pos_emb='rope', fused_qk=True, fused_loss=True)
 
 
-def exit_codes(pids, seconds=120):
-    import os
-    import signal
-    import time
-    codes, end = {}, time.time() + seconds
-    while len(codes) < len(pids) and time.time() < end:
-        for pid in set(pids) - set(codes):
-            if (done := os.waitpid(pid, os.WNOHANG))[0]:
-                codes[pid] = os.waitstatus_to_exitcode(done[1])
-        time.sleep(0.05)
-    for pid in set(pids) - set(codes):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    return [codes.get(pid, "hung") for pid in pids]
+AHEAD_ON_THE_CPU = r"""
+import json, os, pathlib, subprocess, sys
+import torch
+sys.path.insert(0, os.getcwd() + "/tests")
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaDriver
+from triton.runtime import driver
+from test_precompile import tiny_fused_config
+from gpt.kernels import ahead, dispatch
+
+compilers = [subprocess.Popen([sys.executable, "-m", "gpt.kernels.ahead"], stdin=subprocess.PIPE)
+             for _ in range(ahead.COMPILERS)]  # ahead.start's, which starts none where there is no GPU
+torch.ones(1 << 22).add_(1)  # this process's OpenMP threads started, as train.py's data checks start them
+stand_in = CudaDriver.__new__(CudaDriver)  # no GPU here: Triton is told an H100's target, as the compilers are
+stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda: GPUTarget("cuda", 90, 32))
+stand_in.get_current_stream = lambda device=None: 0
+driver.set_active(stand_in)
+specs = dispatch.specializations(tiny_fused_config(), (16, 8), "bfloat16")
+kernels = ["_backward", "_forward", "_loss_and_grad"]
+assert sorted(json.loads(spec)["name"].rsplit(".", 1)[1] for spec in specs) == kernels
+ahead.send(compilers, specs, (90, 32))
+assert ahead.finish(compilers) == [0] * ahead.COMPILERS
+cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
+binaries = [path for path in cache.rglob("_*.cubin") if path.stem != "_empty"]  # ahead's warm-up kernel
+assert sorted(path.stem for path in binaries) == kernels, binaries
+assert {json.loads(path.with_suffix(".json").read_text())["target"]["arch"] for path in binaries} == {90}
+print("ok")
+"""
 
 
 @needs_triton
-def test_a_fork_compiles_the_kernels_for_the_gpu_it_is_told_of_without_cuda(tmp_path, monkeypatch):
-    # as compile_ahead's forks do, from a process whose CUDA they may not use (here there is none at all), and
-    # whose OpenMP threads they do not have: the parent has used them, as train.py's data checks do
-    import json
+def test_the_compilers_compile_what_they_are_sent_without_cuda_or_torch(tmp_path):
+    # each compiler a new Python that imports neither torch nor CUDA; the kernels are those a run's stand-ins call
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", AHEAD_ON_THE_CPU], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
 
-    import torch
-    from triton.backends.compiler import GPUTarget
 
-    from gpt.kernels import dispatch
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    torch.ones(1 << 22).add_(1)
-    jobs = dispatch.warm_ups(tiny_fused_config(), (16, 8), 'bfloat16', 'cpu')
-    pids = [dispatch.compile_in_a_fork(job, GPUTarget('cuda', 90, 32)) for job in jobs]
-    assert exit_codes(pids) == [0] * len(jobs)
-    binaries = sorted(path.name for path in tmp_path.rglob('*.cubin'))
-    assert binaries == ['_backward.cubin', '_forward.cubin', '_loss_and_grad.cubin'], binaries
-    kernels = [path.with_suffix('.json') for path in tmp_path.rglob('*.cubin')]
-    assert {json.loads(path.read_text())['target']['arch'] for path in kernels} == {90}
+@needs_triton
+def test_a_compiler_loads_the_kernels_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys; import gpt.kernels.ahead, gpt.kernels.fused_qk, gpt.kernels.cross_entropy; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 AHEAD_ON_A_GPU = r"""
 import os, sys
 import torch
 sys.path.insert(0, os.getcwd() + "/tests")
-from test_precompile import exit_codes, tiny_fused_config
-from gpt.kernels import dispatch
+from test_precompile import tiny_fused_config
+from gpt.kernels import ahead, dispatch
 from model import GPT
 
+compilers = ahead.start()  # before CUDA and OpenMP start here, as train.py starts them
+assert len(compilers) == ahead.COMPILERS
 cfg = tiny_fused_config()
-torch.cuda.init()  # started before the forks, as train.py's plan starts it
-torch.ones(1 << 22).add_(1)  # and OpenMP's threads, as its data checks do
-pids = dispatch.compile_ahead(cfg, (16, 8), 'bfloat16', 'cuda', compiled=False)
-assert exit_codes(pids) == [0, 0, 0], pids
+torch.ones(1 << 22).add_(1)
+dispatch.compile_ahead(compilers, cfg, (16, 8), 'bfloat16', 'cuda', compiled=False)
+assert ahead.finish(compilers) == [0] * ahead.COMPILERS
 files = lambda: {os.path.join(d, f) for d, _, names in os.walk(os.environ["TRITON_CACHE_DIR"]) for f in names}
-ahead = files()
+compiled = files()
 dispatch.precompile(GPT(cfg).cuda(), (16, 8), 'bfloat16', compiled=False)
-assert files() == ahead, sorted(files() - ahead)  # every kernel and launcher found in the cache, none built again
+assert files() == compiled, sorted(files() - compiled)  # every kernel and launcher found in the cache, none built again
 print("ok")
 """
 

@@ -8,7 +8,6 @@ d loss / d z = softmax(z) - one_hot(target); rows whose target is -1 are ignored
 logit soft-capping (cap > 0) z is first cap * tanh(z / cap), and the gradient is times its derivative,
 1 - tanh^2. tests/test_cross_entropy.py checks it against torch's float64 under Triton's interpreter, on the CPU.
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -59,6 +58,7 @@ def loss_and_grad_(logits, targets, softcap=0.0):
     N, V = logits.shape
     if logits.stride(1) != 1 or not targets.is_contiguous():
         raise ValueError("loss_and_grad_ needs logits with dense rows and contiguous targets")
+    import torch  # here, not at the top: gpt/kernels/ahead.py's compilers load this module without torch
     losses = torch.empty(N, dtype=torch.float32, device=logits.device)
     if N:
         _loss_and_grad[(N,)](logits, logits.stride(0), targets, losses, float(softcap), V=V,  # one compile a vocabulary

@@ -1,12 +1,12 @@
 """Where gpt/kernels' Triton kernels run in place of model.py's plain PyTorch: on a CUDA GPU, uncompiled
 (torch.compile fuses the plain paths by itself). Each kernel's module imports Triton, which CPU builds of torch
 lack, so this is the one place that imports them, and only where they run."""
-import contextlib
 import importlib.util
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from gpt.kernels import ahead
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # torch's CUDA builds for Linux bring it
 
@@ -25,64 +25,80 @@ def loss_kernel(x):
 
 
 def qk_kernel(q):
-    """gpt/kernels/fused_qk.py's norm_and_rotate where it runs for the queries q, else None. Triton is not
-    checked here: the run plan turns fused_qk off without it (gpt/runtime/hardware.py's can_fuse_qk)."""
-    if not runs_on(q):
-        return None
-    from gpt.kernels.fused_qk import norm_and_rotate  # imports Triton: only where it runs
-    return norm_and_rotate
+    """norm_and_rotate (gpt/kernels/fused_qk.py's kernels) where it runs for the queries q, else None. Triton is
+    not checked here: the run plan turns fused_qk off without it (gpt/runtime/hardware.py's can_fuse_qk)."""
+    return norm_and_rotate if runs_on(q) else None
 
 
-def compile_ahead(cfg, batch_sizes, dtype, device, compiled):
-    """Start compiling the Triton kernels that precompile will call, each job in a process forked from this one,
-    while this one goes on to its process group and model; precompile waits for them and loads the kernels from
-    Triton's cache on disk. Processes, not threads: Triton's passes hold the interpreter's lock. A fork may not use
-    CUDA once its parent has started it, so they compile for this GPU's target, named, on stand-ins in CPU memory,
-    and launch nothing. Returns their process ids; a fork that fails costs time only (precompile compiles then)."""
-    if compiled or torch.device(device).type != 'cuda' or not HAS_TRITON or not hasattr(os, 'fork'):
-        return []
+class _NormRotate(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, eps):
+        from gpt.kernels.fused_qk import _forward, _launch  # imports Triton: only where it runs
+        rope = cos is not None
+        ctx.save_for_backward(q, k, *((cos, sin) if rope else ()))
+        ctx.eps, ctx.rope = eps, rope
+        return _launch(_forward, q, None, cos, sin, eps, rope), _launch(_forward, k, None, cos, sin, eps, rope)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        from gpt.kernels.fused_qk import _backward, _launch
+        q, k, *table = ctx.saved_tensors
+        cos, sin = table if ctx.rope else (None, None)
+        dq = _launch(_backward, q, gq, cos, sin, ctx.eps, ctx.rope) if gq is not None else None
+        dk = _launch(_backward, k, gk, cos, sin, ctx.eps, ctx.rope) if gk is not None else None
+        return dq, dk, None, None, None
+
+
+def norm_and_rotate(q, k, rope, eps):
+    """q (B, T, n_head, hs) and k (B, T, n_kv_head, hs), any strides but a dense last dim (views of c_attn's
+    output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
+    (T, hs) float32 as model.rotary makes them, by gpt/kernels/fused_qk.py's kernels. Returns new contiguous
+    (B, T, heads, hs) tensors in q's dtype (under autocast: the autocast dtype, as the plain path's SDPA sees
+    them)."""
+    dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
+    cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
+    return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)
+
+
+def compile_ahead(compilers, cfg, batch_sizes, dtype, device, compiled):
+    """Send gpt/kernels/ahead.py's compilers, started at launch, the kernels that precompile will call, and this
+    GPU's target; nothing to compile (a CPU run, compile=True, no fused kernel) ends them."""
+    specs, target = [], None
+    if compilers and not compiled and torch.device(device).type == 'cuda' and HAS_TRITON:
+        from triton.runtime import driver
+        with torch.cuda.device(device):  # Triton asks CUDA for the current device and its target
+            specs, target = specializations(cfg, batch_sizes, dtype), driver.active.get_current_target()
+    ahead.send(compilers, specs, target and (target.arch, target.warp_size))
+
+
+def specializations(cfg, batch_sizes, dtype):
+    """Triton's specialization data (JITFunction.preload's input) of each kernel variant that warm_ups calls,
+    taken from its calls on stand-ins in CPU memory, with nothing compiled or launched: a jit_cache_hook that
+    returns True skips the compile, and a launch without a kernel returns."""
     if not (jobs := warm_ups(cfg, batch_sizes, dtype, 'cpu')):
         return []
-    from triton.backends.compiler import GPUTarget  # imports Triton: only where it runs
-    major, minor = torch.cuda.get_device_capability(device)
-    return [compile_in_a_fork(job, GPUTarget('cuda', 10 * major + minor, 32)) for job in jobs]
+    from triton import knobs
+    specs = []
 
-
-def compile_in_a_fork(job, target):
-    """Run one of warm_ups' jobs in a forked process that compiles its kernels for `target` (a Triton GPUTarget)
-    into Triton's cache on disk, with the C modules Triton builds to launch them; returns the process's id."""
-    if pid := os.fork():
-        return pid
-    status = 1
-    try:  # the fork ends here, silently: no exit handlers of the parent's, nothing written to its output
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        os.dup2(1, 2)
-        torch.set_num_threads(1)  # a CPU op on OpenMP's threads, which a fork does not have, would never return
-        from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils
-        from triton.runtime import JITFunction, driver
-        stand_in = CudaDriver.__new__(CudaDriver)  # names the device and target instead of asking CUDA
-        stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda: target)
-        stand_in.get_current_stream = lambda device=None: 0
-        driver.set_active(stand_in)
-        built = []  # kernel[grid](...) compiles, launches nothing
-        JITFunction.__getitem__ = lambda kernel, grid: lambda *a, **k: built.append(kernel.warmup(*a, grid=grid, **k))
-        job()
-        status = 0
-        CudaUtils()  # Triton's CUDA utilities and each kernel's launcher, built with gcc (they need libcuda)
-        for kernel in built:
-            CudaLauncher(kernel.src, kernel.metadata)
+    def record(*, compile, **_):
+        specs.append(compile['specialization_data'])
+        return True
+    knobs.runtime.jit_cache_hook = record
+    try:
+        for job in jobs:
+            job()
     finally:
-        os._exit(status)
+        knobs.runtime.jit_cache_hook = None
+    return list(dict.fromkeys(specs))
 
 
-def precompile(model, batch_sizes, dtype, compiled, ahead=()):
+def precompile(model, batch_sizes, dtype, compiled, compilers=()):
     """Compile the Triton kernels that the run will call before its first evaluation, each in a thread: a cold
     cache compiles them one by one at their first calls otherwise, and threads overlap their gcc and ptxas
-    processes. batch_sizes: the training micro-batch's, then the evaluations'. ahead: compile_ahead's processes,
-    waited for first: the kernels they compiled load from Triton's cache."""
-    for pid in ahead:
-        with contextlib.suppress(ChildProcessError):  # already reaped where SIGCHLD is ignored
-            os.waitpid(pid, 0)
+    processes. batch_sizes: the training micro-batch's, then the evaluations'. compilers: gpt/kernels/ahead.py's,
+    waited for first: what they compiled loads from Triton's cache."""
+    ahead.finish(compilers)
     device = next(model.parameters()).device
     if compiled or device.type != 'cuda' or not HAS_TRITON:
         return

@@ -6,9 +6,10 @@ The math is model.py's: n = x * rsqrt(mean(x^2) + eps) (F.rms_norm without a gai
 second half) pair rotated by its position's angle as transformers' rotate_half does:
     y1 = n1 cos - n2 sin,   y2 = n2 cos + n1 sin
 and its gradient: the rotation by minus the angle, then RMSNorm's backward, dx = r (dn - n mean(dn n)).
-tests/test_fused_qk.py checks both against the plain path under Triton's interpreter, on the CPU.
+tests/test_fused_qk.py checks both against the plain path under Triton's interpreter, on the CPU. The module does
+not import torch (the tensors' own methods allocate), so that gpt/kernels/ahead.py's compilers load it without
+torch; its autograd binding, norm_and_rotate, is gpt/kernels/dispatch.py's.
 """
-import torch
 import triton
 import triton.language as tl
 
@@ -76,7 +77,7 @@ def _launch(kernel, x, g, cos, sin, eps, rope):
     """Run the forward (g None) or backward kernel over x (B, T, H, D) (and g, of x's shape), any strides but
     the last dim's."""
     B, T, H, D = x.shape
-    out = torch.empty((B, T, H, D), dtype=x.dtype, device=x.device)
+    out = x.new_empty((B, T, H, D))
     rows = B * T * H
     if rows == 0:
         return out
@@ -88,31 +89,3 @@ def _launch(kernel, x, g, cos, sin, eps, rope):
                                       HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
                                       NORM=eps is not None, ROPE=rope, ROWS=ROWS)
     return out
-
-
-class _NormRotate(torch.autograd.Function):
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, eps):
-        rope = cos is not None
-        ctx.save_for_backward(q, k, *((cos, sin) if rope else ()))
-        ctx.eps, ctx.rope = eps, rope
-        return _launch(_forward, q, None, cos, sin, eps, rope), _launch(_forward, k, None, cos, sin, eps, rope)
-
-    @staticmethod
-    def backward(ctx, gq, gk):
-        q, k, *table = ctx.saved_tensors
-        cos, sin = table if ctx.rope else (None, None)
-        dq = _launch(_backward, q, gq, cos, sin, ctx.eps, ctx.rope) if gq is not None else None
-        dk = _launch(_backward, k, gk, cos, sin, ctx.eps, ctx.rope) if gk is not None else None
-        return dq, dk, None, None, None
-
-
-def norm_and_rotate(q, k, rope, eps):
-    """q (B, T, n_head, hs) and k (B, T, n_kv_head, hs), any strides but a dense last dim (views of c_attn's
-    output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
-    (T, hs) float32 as model.rotary makes them. Returns new contiguous (B, T, heads, hs) tensors in q's dtype
-    (under autocast: the autocast dtype, as the plain path's SDPA sees them)."""
-    dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
-    cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
-    return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)

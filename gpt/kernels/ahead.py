@@ -1,0 +1,81 @@
+"""Triton's kernels compiled in processes of their own, started at launch, while train.py imports torch.
+
+Each compiler (`python -m gpt.kernels.ahead`) imports Triton, builds Triton's C utilities for CUDA and starts its
+compiler on an empty kernel, then waits. Once the run is planned, train.py sends each its share of the kernels
+the run will call (gpt/kernels/dispatch.py's compile_ahead: Triton's specialization data, as
+knobs.runtime.jit_cache_hook gives it, and the GPU's target); it compiles them into Triton's cache on disk
+(JITFunction.preload), with the C launcher Triton builds for each, and exits; precompile loads them from there.
+So a cold start pays Triton's start and compiles beside `import torch`, not after it.
+
+Neither this module nor the kernels' modules import torch (2-4 s), and the compilers never start CUDA: Triton
+is told the GPU's target. A compiler that fails costs time only: precompile compiles what is not in the cache.
+"""
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+COMPILERS = 3  # the fused kernels a step calls: QK's forward and backward, and the loss
+WARM_UP_TARGET = 90  # the empty kernel's (compute capability 9.0): LLVM's start is the same for every GPU
+
+
+def start():
+    """The compilers where there is an NVIDIA GPU and Triton, else none: each a new Python (no torch), its stdin
+    the pipe its work comes on, its output thrown away."""
+    if not (os.path.exists('/proc/driver/nvidia') and sys.executable and importlib.util.find_spec('triton')):
+        return []
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [subprocess.Popen([sys.executable, '-m', 'gpt.kernels.ahead'], cwd=root, stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(COMPILERS)]
+
+
+def send(compilers, specs, target):
+    """Each compiler its share of specs (one kernel variant's specialization data each) and the target
+    (compute capability as Triton writes it, 90 for 9.0, and warp size); no specs end them."""
+    for i, compiler in enumerate(compilers):
+        with contextlib.suppress(BrokenPipeError):  # one that died: precompile compiles its share
+            compiler.stdin.write(json.dumps(dict(specs=specs[i::len(compilers)], target=target)).encode())
+        compiler.stdin.close()
+
+
+def finish(compilers):
+    """Wait for the compilers; their exit codes (0: every kernel sent is in Triton's cache)."""
+    return [compiler.wait() for compiler in compilers]
+
+
+def _empty(x):  # the kernel that starts Triton's compiler (LLVM, ptxas) before there is work
+    pass
+
+
+def compile_sent():
+    """One compiler's life: ready Triton, then compile what train.py sends (stdin: send's JSON; none: exit)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver, CudaLauncher, CudaUtils, libcuda_dirs
+    from triton.compiler import ASTSource
+    from triton.runtime import driver
+    try:  # the C that Triton builds with gcc links libcuda: none to build on a machine without it (the tests')
+        build_c = bool(libcuda_dirs())
+    except AssertionError:
+        build_c = False
+    if build_c:
+        CudaUtils()  # Triton's C utilities for CUDA
+    triton.compile(ASTSource(triton.jit(_empty), {'x': '*fp32'}), target=GPUTarget('cuda', WARM_UP_TARGET, 32))
+    if not (work := json.loads(sys.stdin.read() or '{}')).get('specs'):
+        return
+    target = GPUTarget('cuda', *work['target'])
+    stand_in = CudaDriver.__new__(CudaDriver)  # tells Triton the device and target, asks CUDA nothing
+    stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda: target)
+    driver.set_active(stand_in)
+    for spec in work['specs']:
+        module, name = json.loads(spec)['name'].rsplit('.', 1)
+        kernel = getattr(importlib.import_module(module), name).preload(spec)
+        if build_c:
+            CudaLauncher(kernel.src, kernel.metadata)  # its launcher
+
+
+if __name__ == '__main__':
+    compile_sent()
