@@ -1,7 +1,9 @@
 """gpt/kernels/dispatch.py's precompile: its stand-ins call each Triton kernel in every variant that a training step
 and an evaluation call, or compiling them early would miss what the run needs. A kernel's variant is what Triton
 compiles one binary for: its constexprs, each tensor's dtype and 16-byte alignment, and each integer's being 1 or
-a multiple of 16. On the CPU under Triton's interpreter, every launch recorded that way."""
+a multiple of 16. On the CPU under Triton's interpreter, every launch recorded that way. And gpt/kernels/ahead.py's
+compilers: they compile, without torch or CUDA, the variants those stand-ins call, and on a GPU the run then loads
+every one of them from Triton's cache."""
 import pytest
 from conftest import needs_triton, run_interpreted
 
@@ -184,3 +186,16 @@ def test_the_kernels_compiled_ahead_are_the_ones_the_run_loads(tmp_path):
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, "-c", AHEAD_ON_A_GPU], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_a_compiler_that_died_costs_the_run_nothing_but_its_share():
+    # train.py sends the work once the run is planned; a compiler gone by then must not stop the run
+    import subprocess
+    import sys
+
+    from gpt.kernels import ahead
+    compilers = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+                 for code in ("pass", "import sys; sys.stdin.read()")]
+    compilers[0].wait()
+    ahead.send(compilers, ["x" * 1_000_000, "y"], (90, 32))  # more than a pipe holds, for the one that died
+    assert ahead.finish(compilers) == [0, 0] and all(c.stdin.closed for c in compilers)

@@ -1,14 +1,11 @@
-"""Triton's kernels compiled in processes of their own, started at launch, while train.py imports torch.
+"""Triton's kernels compiled by processes started at launch, so that a cold start pays Triton's start and its
+compiles beside `import torch`, not after it (docs/speedrun.md#start-up).
 
-Each compiler (`python -m gpt.kernels.ahead`) imports Triton, builds Triton's C utilities for CUDA and starts its
-compiler on an empty kernel, then waits. Once the run is planned, train.py sends each its share of the kernels
-the run will call (gpt/kernels/dispatch.py's compile_ahead: Triton's specialization data, as
-knobs.runtime.jit_cache_hook gives it, and the GPU's target); it compiles them into Triton's cache on disk
-(JITFunction.preload), with the C launcher Triton builds for each, and exits; precompile loads them from there.
-So a cold start pays Triton's start and compiles beside `import torch`, not after it.
-
-Neither this module nor the kernels' modules import torch (2-4 s), and the compilers never start CUDA: Triton
-is told the GPU's target. A compiler that fails costs time only: precompile compiles what is not in the cache.
+Each compiler (`python -m gpt.kernels.ahead`) imports Triton, not torch, builds Triton's C utilities and starts
+LLVM on an empty kernel, then waits for train.py to send the kernels the run will call (dispatch.compile_ahead:
+Triton's specialization data of each, and the GPU's target). It compiles them into Triton's cache on disk with
+their C launchers, never starting CUDA, and precompile loads them from there. A compiler that fails costs time
+only: precompile compiles what is not in the cache.
 """
 import contextlib
 import importlib
@@ -25,7 +22,8 @@ WARM_UP_TARGET = 90  # the empty kernel's (compute capability 9.0): LLVM's start
 def start():
     """The compilers where there is an NVIDIA GPU and Triton, else none: each a new Python (no torch), its stdin
     the pipe its work comes on, its output thrown away."""
-    if not (os.path.exists('/proc/driver/nvidia') and sys.executable and importlib.util.find_spec('triton')):
+    gpu = os.path.exists('/proc/driver/nvidia') or os.path.exists('/dev/dxg')  # the NVIDIA driver (/dev/dxg: WSL's)
+    if not (gpu and sys.executable and importlib.util.find_spec('triton')):
         return []
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [subprocess.Popen([sys.executable, '-m', 'gpt.kernels.ahead'], cwd=root, stdin=subprocess.PIPE,
@@ -36,9 +34,8 @@ def send(compilers, specs, target):
     """Each compiler its share of specs (one kernel variant's specialization data each) and the target
     (compute capability as Triton writes it, 90 for 9.0, and warp size); no specs end them."""
     for i, compiler in enumerate(compilers):
-        with contextlib.suppress(BrokenPipeError):  # one that died: precompile compiles its share
+        with contextlib.suppress(BrokenPipeError), compiler.stdin:  # one that died: precompile compiles its share
             compiler.stdin.write(json.dumps(dict(specs=specs[i::len(compilers)], target=target)).encode())
-        compiler.stdin.close()
 
 
 def finish(compilers):
