@@ -106,7 +106,7 @@ def tiny_fused_config():
 
 
 AHEAD_ON_THE_CPU = r"""
-import json, os, pathlib, subprocess, sys
+import json, os, pathlib, sys
 import torch
 sys.path.insert(0, os.getcwd() + "/tests")
 from triton.backends.compiler import GPUTarget
@@ -115,8 +115,12 @@ from triton.runtime import driver
 from test_precompile import tiny_fused_config
 from gpt.kernels import ahead, dispatch
 
-compilers = [subprocess.Popen([sys.executable, "-m", "gpt.kernels.ahead"], stdin=subprocess.PIPE)
-             for _ in range(ahead.COMPILERS)]  # ahead.start's, which starts none where there is no GPU
+from unittest import mock
+os.chdir("/")  # started from another folder, as a run may be, with nothing on PYTHONPATH
+del os.environ["PYTHONPATH"]
+with mock.patch.object(ahead.os.path, "exists", lambda path: path == "/proc/driver/nvidia"):  # a GPU driver here
+    compilers = ahead.start()
+assert len(compilers) == ahead.COMPILERS
 torch.ones(1 << 22).add_(1)  # this process's OpenMP threads started, as train.py's data checks start them
 stand_in = CudaDriver.__new__(CudaDriver)  # no GPU here: Triton is told an H100's target, as the compilers are
 stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda: GPUTarget("cuda", 90, 32))

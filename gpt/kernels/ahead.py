@@ -26,7 +26,8 @@ def start():
     if not (gpu and sys.executable and importlib.util.find_spec('triton')):
         return []
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return [subprocess.Popen([sys.executable, '-m', 'gpt.kernels.ahead'], cwd=root, stdin=subprocess.PIPE,
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([root, *filter(None, [os.environ.get('PYTHONPATH')])])}
+    return [subprocess.Popen([sys.executable, '-m', 'gpt.kernels.ahead'], env=env, stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(COMPILERS)]
 
 
