@@ -1,6 +1,7 @@
 """Where gpt/kernels' Triton kernels run in place of model.py's plain PyTorch: on a CUDA GPU, uncompiled
-(torch.compile fuses the plain paths by itself). Each kernel's module imports Triton, which CPU builds of torch
-lack, so this is the one place that imports them, and only where they run."""
+(torch.compile fuses the plain paths by itself); their autograd binding (norm_and_rotate); and their compiles
+before the first step (compile_ahead, precompile). Each kernel's module imports Triton, which CPU builds of
+torch lack, so model.py and train.py reach them only through here, and only where they run."""
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
@@ -84,12 +85,12 @@ def specializations(cfg, batch_sizes, dtype):
     def record(*, compile, **_):
         specs.append(compile['specialization_data'])
         return True
-    knobs.runtime.jit_cache_hook = record
+    knobs.runtime.jit_cache_hook, kept = record, knobs.runtime.jit_cache_hook
     try:
         for job in jobs:
             job()
     finally:
-        knobs.runtime.jit_cache_hook = None
+        knobs.runtime.jit_cache_hook = kept
     return list(dict.fromkeys(specs))
 
 
