@@ -1,8 +1,6 @@
-"""
-Benchmark the training step and generation, nanoGPT's bench.py grown up: for each micro-batch size,
-ms per step, tokens/s, MFU against the card's peak and peak memory; then generation speed with the KV
-cache (bf16 weights, the decode step replayed from a CUDA graph on CUDA). Prints a table and writes
-the numbers, the card, torch and the git revision to a JSON file.
+"""Benchmark the training step and generation, nanoGPT's bench.py grown up: for each micro-batch size, ms per step,
+tokens/s, MFU against the card's peak and peak memory; then generation speed with the KV cache (bf16 weights, on CUDA
+the decode step replayed from a CUDA graph). Prints a table; writes the numbers, card, torch and git revision to JSON.
 $ python bench.py                                   # GPT-2 124M, B=12 and 32, synthetic tokens
 $ python bench.py --batch_sizes=12,32,64 --compile=False --gen_batch_sizes=1,10
 """
@@ -245,8 +243,7 @@ for B in listed(gen_batch_sizes):
 print(f"\n{card}, torch {torch.__version__}, dtype {dtype}, compile {compile}, fused_loss {fused_loss}, "
       f"cuda_graph {cuda_graph}, git {results['git']}")
 if results['train']:
-    print("| micro-batch | ms/step | tokens/s | MFU | peak memory |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| micro-batch | ms/step | tokens/s | MFU | peak memory |\n| --- | --- | --- | --- | --- |")
 for r in results['train']:
     mfu = f"{r['mfu'] * 100:.1f}%" if r['mfu'] is not None else "n/a"
     mem = f"{r['peak_mem_gib']:.1f} GiB" if r['peak_mem_gib'] is not None else "n/a"

@@ -1,9 +1,7 @@
-"""
-Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style: a script calls
-`config = configurator.apply(globals(), sys.argv[1:])`, and config files and --key=value flags override its
-settings in order (docs/configuration.md). config.given records every key a file or flag set, whatever its
-value: resuming a 2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers.
-"""
+"""Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style: a script calls
+`config = configurator.apply(globals(), sys.argv[1:])`, and config files and --key=value flags override its settings in
+order (docs/configuration.md). config.given records every key a file or flag set, whatever its value: resuming a
+2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers."""
 import ast
 import difflib
 import math
@@ -77,9 +75,8 @@ class Config(dict):
 
     def __init__(self, values, given, declared=None, sources=()):
         super().__init__(values)
-        self.given = frozenset(given)
+        self.given, self.sources = frozenset(given), tuple(sources)
         self.declared = declared or {k: Setting(default=v) for k, v in values.items()}
-        self.sources = tuple(sources)
 
     def set_by(self):
         """{key: the config file that set it last, or 'flags'}, in the order they were last set."""

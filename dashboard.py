@@ -1,10 +1,8 @@
-"""
-A live web page over a run's log (out_dir/log.jsonl), for a running or finished run (docs/monitoring.md).
+"""A live web page over a run's log (out_dir/log.jsonl), for a running or finished run (docs/monitoring.md).
 
 $ python dashboard.py --out_dir=out                   # http://127.0.0.1:8000/
 
-Served from 127.0.0.1 only; gpt/monitor/server.py says what it answers, and to whom.
-"""
+Served from 127.0.0.1 only; gpt/monitor/server.py says what it answers, and to whom."""
 import os
 import sys
 from contextlib import suppress
@@ -13,7 +11,6 @@ import configurator
 from gpt.monitor.server import make_server, url
 from gpt.monitor.trainlog import LOG_NAME
 from gpt.runtime import errors
-from gpt.runtime.errors import UserError
 from gpt.runtime.settings import PORT, Setting, check
 
 SETTINGS = dict(
@@ -28,7 +25,7 @@ def main(argv):
     s = configurator.apply({'__file__': __file__}, argv, SETTINGS)
     check(s, s.declared)  # a port beyond 65535: one line, not socket's OverflowError
     if not os.path.isdir(s['out_dir']):
-        raise UserError(f"out_dir {s['out_dir']} does not exist: point --out_dir at a run folder")
+        raise errors.UserError(f"out_dir {s['out_dir']} does not exist: point --out_dir at a run folder")
     if not os.path.exists(os.path.join(s['out_dir'], LOG_NAME)):
         print(f"note: no {LOG_NAME} in {s['out_dir']} yet; the page fills in once the run writes it")
     server = make_server(s['out_dir'], s['port'], s['host'])

@@ -1,7 +1,5 @@
-"""
-Export a checkpoint to a folder that transformers loads with AutoModelForCausalLM.from_pretrained(folder):
-weights in safetensors plus the tokenizer, built locally (no network). What it writes, where, and how it
-is checked: docs/export.md.
+"""Export a checkpoint to a folder that transformers loads with AutoModelForCausalLM.from_pretrained(folder): weights in
+safetensors plus the tokenizer, built locally (no network). What it writes, where, how it is checked: docs/export.md.
 
 $ python export.py --out_dir=out                              # -> out/hf
 $ python export.py --out_dir=out --export_dir=my-model --dtype=bfloat16

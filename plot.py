@@ -1,6 +1,5 @@
-"""
-The training curves of a run as a PNG, from its log (out_dir/log.jsonl): loss against steps and against
-tokens, the learning rate, the gradient norm, tokens/s (and MFU on a GPU), HellaSwag when the run has it.
+"""The training curves of a run as a PNG, from its log (out_dir/log.jsonl): loss against steps and against tokens, the
+learning rate, the gradient norm, tokens/s (and MFU on a GPU), HellaSwag when the run has it.
 
 $ python plot.py --out_dir=out                         # writes out/curves.png
 $ python plot.py --out_dir=out --output=report/run.png

@@ -1,5 +1,4 @@
-"""
-Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 weights.
+"""Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 weights.
 $ python sample.py --out_dir=out-shakespeare-char
 $ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
 """
@@ -45,19 +44,18 @@ for line in settings.notes(config, config.declared):  # settings given that the 
 
 # the prompt, read before anything loads: a mistake in it is found at once
 if start.startswith('FILE:'):
-    prompt_path = os.path.expanduser(start[5:])  # FILE:~/prompt.txt: no shell expands a ~ after --start=
-    if os.path.isdir(prompt_path):
-        raise errors.UserError(f"prompt file {prompt_path} is a folder (from start=FILE:{prompt_path}): name a "
-                               f"text file")
-    if not os.path.isfile(prompt_path):
-        raise errors.UserError(f"prompt file {prompt_path} not found (from start=FILE:{prompt_path})")
+    path = os.path.expanduser(start[5:])  # FILE:~/prompt.txt: no shell expands a ~ after --start=
+    if os.path.isdir(path):
+        raise errors.UserError(f"prompt file {path} is a folder (from start=FILE:{path}): name a text file")
+    if not os.path.isfile(path):
+        raise errors.UserError(f"prompt file {path} not found (from start=FILE:{path})")
     try:
-        with open(prompt_path, 'r', encoding='utf-8') as f:
+        with open(path, 'r', encoding='utf-8') as f:
             start = f.read()
     except UnicodeDecodeError as e:
-        raise errors.UserError(f"prompt file {prompt_path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
+        raise errors.UserError(f"prompt file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8")
     except OSError as e:
-        raise errors.UserError(f"prompt file {prompt_path} could not be read ({e.strerror or e})")
+        raise errors.UserError(f"prompt file {path} could not be read ({e.strerror or e})")
 
 torch.manual_seed(seed)
 # no TF32: bf16/fp16 generation does not use it, and dtype=float32 asks for float32 (whose greedy decoding

@@ -1,9 +1,7 @@
-"""
-Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it, captured
-on CUDA once as a CUDA graph and replayed for every token; and generate(), GPT.generate's decoding loop. A graph
-needs fixed shapes and addresses and no value read back on the CPU: hence the preallocated cache, the position as a
-tensor on the device, and attention over the cache's whole capacity with a mask.
-"""
+"""Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it, captured
+on CUDA once as a CUDA graph and replayed for every token; and generate(), GPT.generate's decoding loop. A graph needs
+fixed shapes and addresses and no value read back on the CPU: hence the preallocated cache, the position as a tensor on
+the device, and attention over the cache's whole capacity with a mask."""
 import torch
 from torch.nn import functional as F
 

@@ -32,8 +32,7 @@ train_data, val_data = data[:cut], data[cut:]
 # encode (GPT-2 BPE by default); encode_ordinary treats a literal "<|endoftext|>" in the text as plain text
 tok, meta = dataset_tokenizer(args.tokenizer, args.out_dir, lambda: [train_data], args.vocab_size)
 train_ids, val_ids = tok.encode_ordinary(train_data), tok.encode_ordinary(val_data)
-print(f"train has {len(train_ids):,} tokens")
-print(f"val has {len(val_ids):,} tokens")
+print(f"train has {len(train_ids):,} tokens\nval has {len(val_ids):,} tokens")
 if not train_ids or not val_ids:
     raise UserError(f"{input_file_path} is too short to give both a train and a val split any tokens")
 

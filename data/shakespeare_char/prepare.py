@@ -33,8 +33,7 @@ tok = Tokenizer("char", meta["itos"])
 cut = int(len(data) * 0.9)
 train_data, val_data = data[:cut], data[cut:]
 train_ids, val_ids = tok.encode(train_data), tok.encode(val_data)
-print(f"train has {len(train_ids):,} tokens")
-print(f"val has {len(val_ids):,} tokens")
+print(f"train has {len(train_ids):,} tokens\nval has {len(val_ids):,} tokens")
 
 write_splits(args.out_dir, meta, train_ids, val_ids, f" ({meta['vocab_size']} characters)")
 say_next("config/train_shakespeare_char.py", args.out_dir, HERE)

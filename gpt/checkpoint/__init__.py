@@ -1,8 +1,6 @@
-"""
-Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus what an exact resume needs, written atomically,
-CRC-checked on load and read with weights_only=True. What a run saves and when (Saver), resuming, and models built
-from checkpoints. Sharded (fsdp) checkpoints: sharded.py; the run's folder and its lock: rundir.py.
-"""
+"""Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus what an exact resume needs, written atomically,
+CRC-checked on load and read with weights_only=True. What a run saves and when (Saver), resuming, and models built from
+checkpoints. Sharded (fsdp) checkpoints: sharded.py; the run's folder and its lock: rundir.py."""
 import math
 import os
 import random
@@ -183,9 +181,8 @@ def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoin
 
 
 class Saver:
-    """What a run knows of its own checkpoints: the last good one (good: path, iter_num), why its weights are
-    broken (diverged) or its last save failed, and whose out_dir it is (claim: rank 0's rundir.Claim).
-    resumed: load_for_resume's checkpoint, or None."""
+    """A run's own checkpoints: the last good one (good: path, iter_num), why its weights are broken (diverged) or
+    its last save failed, whose out_dir it is (claim: rank 0's rundir.Claim). resumed: load_for_resume's, or None."""
 
     def __init__(self, out_dir, claim=None, resumed=None, keep_best=False):
         self.out_dir, self.claim = out_dir, claim
@@ -325,8 +322,7 @@ def where_else(path):
 
 
 def checksum_failure(path):
-    """What is damaged in a checkpoint, or None: reading every zip entry back checks its CRC-32 (files that are
-    not zip files are left to torch.load)."""
+    """What is damaged, or None: reading every zip entry back checks its CRC-32 (a file not a zip: torch.load's)."""
     if not zipfile.is_zipfile(path):
         return None
     try:
@@ -378,10 +374,9 @@ class _NoDraw(torch.overrides.TorchFunctionMode):
     meta kernels import torch._dynamo: a second and more)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         if getattr(func, "__name__", "") in ("normal_", "uniform_"):
             return args[0] if args else kwargs["tensor"]
-        return func(*args, **kwargs)
+        return func(*args, **(kwargs or {}))
 
 
 def check_fits(config, state_dict, path):
@@ -492,7 +487,7 @@ def restore(ckpt, model, optimizer, scaler, train_loader, log, rank, world_size)
     state['best_val_loss'] = float(state['best_val_loss'])  # nanoGPT saves a tensor
     if ckpt['sharded']:
         sharded.load_sharded(ckpt['sharded'], model, optimizer)
-    elif isinstance(model, torch.nn.Module) and sharded.is_sharded(model):
+    elif isinstance(model, torch.nn.Module) and any(hasattr(p, 'full_tensor') for p in model.parameters()):  # FSDP2's
         print("note: fsdp resumes from a ckpt.pt with its weights; the optimizer state starts afresh")
     elif 'optimizer' in ckpt:
         try:

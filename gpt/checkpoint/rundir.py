@@ -1,8 +1,6 @@
-"""
-The run's folder, out_dir: held by one run at a time, never shared by two runs' files, never written through a
-link (docs/checkpoints.md#one-run-per-out_dir). check() touches nothing; claim() makes, locks and (a new run)
-clears out_dir, and returns the Claim that guards every save.
-"""
+"""The run's folder, out_dir: held by one run at a time, never shared by two runs' files, never written through a link
+(docs/checkpoints.md#one-run-per-out_dir). check() touches nothing; claim() makes, locks and (a new run) clears out_dir,
+and returns the Claim that guards every save."""
 import atexit
 import datetime
 import errno
@@ -128,8 +126,7 @@ class Claim:
 
     def __init__(self, out_dir):
         self.out_dir, self.lock_path = out_dir, os.path.join(out_dir, LOCK_NAME)
-        self.made, self.aside = [], None
-        self.dir_fd = self.lock_fd = None
+        self.made, self.aside, self.dir_fd, self.lock_fd = [], None, None, None
         self.folder = None  # out_dir's (device, inode) when claimed: moved or replaced later, it is not ours
         self.lock_text = b""  # what this run wrote into run.lock
         self.settled = False  # the run has started: nothing is undone

@@ -1,8 +1,6 @@
-"""
-Sharded checkpoints (parallelism=fsdp) through torch.distributed.checkpoint (DCP): every rank writes its part into
-out_dir/ckpt_dcp/, rank 0 also the training state (train_state.pt, written last); convert_sharded makes one ckpt.pt
-of it. torch.distributed.checkpoint is imported inside the functions that use it: importing it takes seconds.
-"""
+"""Sharded checkpoints (parallelism=fsdp) through torch.distributed.checkpoint (DCP): every rank writes its part into
+out_dir/ckpt_dcp/, rank 0 also the training state (train_state.pt, written last); convert_sharded makes one ckpt.pt of
+it. torch.distributed.checkpoint is imported inside the functions that use it: importing it takes seconds."""
 import os
 import pickle
 import shutil
@@ -60,11 +58,6 @@ def read_metadata(path):
         raise UserError(f"{path} is not a whole sharded checkpoint: its .metadata cannot be read (it holds a "
                         f"{type(metadata).__name__}); {FIX}")
     return metadata
-
-
-def is_sharded(model):
-    """Whether FSDP2 has sharded the model's parameters (they are DTensors then)."""
-    return any(hasattr(p, 'full_tensor') for p in model.parameters())
 
 
 def save_sharded(out_dir, model, optimizer, train_state, before_replace=None):

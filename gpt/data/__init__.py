@@ -1,7 +1,5 @@
-"""
-The on-disk dataset format as training reads it (gpt/data/sources.py writes it), and finding a dataset's
-folder: docs/data.md#dataset-folders, docs/fineweb.md#shards.
-"""
+"""The on-disk dataset format as training reads it (gpt/data/sources.py writes it), and finding a dataset's folder:
+docs/data.md#dataset-folders, docs/fineweb.md#shards."""
 import glob
 import json
 import os
@@ -168,8 +166,7 @@ def open_shard(path):
             raise UserError(f"{path} holds a {tokens.dtype} array of shape {tokens.shape}, not a 1-D uint16/uint32 "
                             f"array of token ids (build-nanogpt's fineweb.py format)")
         return tokens
-    header_bytes = SHARD_HEADER_INTS * 4
-    size = os.path.getsize(path)
+    header_bytes, size = SHARD_HEADER_INTS * 4, os.path.getsize(path)
     if size < header_bytes:
         raise UserError(f"{path} is not a token shard: {size} bytes, shorter than the {header_bytes}-byte header")
     header = np.fromfile(path, dtype="<i4", count=SHARD_HEADER_INTS)

@@ -1,12 +1,10 @@
-"""
-Batches for training and evaluation from a dataset's train.bin / val.bin or token shards (gpt/data).
+"""Batches for training and evaluation from a dataset's train.bin / val.bin or token shards (gpt/data).
 
 RandomWindows is nanoGPT's sampler, random windows of block_size+1 tokens, except that the offsets of step
 k's whole global batch come from one generator seeded with (seed, stream, 0, k), rank r's micro-step j taking
 the (r * micro_steps + j)-th run of them: every split of the global batch trains on the same windows
 (docs/scaling.md), and its state, a count of micro-batches drawn, resumes on any number of processes.
-SequentialShards is build-nanogpt's loader (docs/fineweb.md); its state is a position (shard, offset, epoch).
-"""
+SequentialShards is build-nanogpt's loader (docs/fineweb.md); its state is a position (shard, offset, epoch)."""
 import os
 import weakref
 
@@ -125,7 +123,6 @@ def describe_shards(shards):
 
 
 class RandomWindows:
-
     def __init__(self, path, batch_size, block_size, device, dtype="uint16", seed=0, rank=0, stream=0, vocab_size=None,
                  world_size=1, micro_steps=1):
         self.path, self.batch_size, self.block_size, self.micro_steps = path, batch_size, block_size, micro_steps
@@ -180,7 +177,6 @@ class RandomWindows:
 
 
 class SequentialShards:
-
     def __init__(self, paths, batch_size, block_size, device, rank=0, world_size=1, vocab_size=None):
         if not paths:
             raise UserError("no token shards given: prepare the dataset first (e.g. `python data/fineweb/prepare.py`)")
@@ -223,9 +219,8 @@ class SequentialShards:
         data = self.tokens(shard)
         B, T = self.batch_size, self.block_size
         start = offset + self.rank * B * T
-        buf = data[start:start + B * T + 1].astype(np.int64)
+        buf = torch.from_numpy(data[start:start + B * T + 1].astype(np.int64))
         check_ids(buf, self.vocab_size, self.paths[shard])
-        buf = torch.from_numpy(buf)
         return to_device(self.device, buf[:-1].view(B, T), buf[1:].view(B, T))
 
     def state_dict(self):

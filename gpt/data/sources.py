@@ -1,8 +1,6 @@
-"""
-What only the prepare scripts (data/*/prepare.py) use: the writers of the on-disk format that gpt/data
-reads, their text sources (tiny Shakespeare's download, text files, local files and Hugging Face datasets
-through `datasets`), and the steps several scripts share (their options, the last lines they print).
-"""
+"""What only the prepare scripts (data/*/prepare.py) use: the writers of the on-disk format that gpt/data reads, their
+text sources (tiny Shakespeare's download, text files, local files and Hugging Face datasets through `datasets`), and
+the steps several scripts share (their options, the last lines they print)."""
 import argparse
 import bz2
 import gzip
@@ -86,8 +84,7 @@ EIGHT_GPUS = "  (8 GPUs: torchrun --standalone --nproc_per_node=8 train.py ...)"
 
 
 def say_next(config, out_dir, here, after=""):
-    """The last line: the command that trains on the data. The config reads the script's own folder (`here`);
-    data written elsewhere is named with --data_dir."""
+    """The last line, the command that trains on the data: the config reads `here`, data elsewhere gets --data_dir."""
     elsewhere = "" if os.path.abspath(out_dir) == here else f" --data_dir={out_dir}"
     print(f"next: python train.py {config}{elsewhere}{after}")
 
@@ -241,8 +238,7 @@ def load_documents(local, dataset, text_column, num_proc=1, subset=None, streami
             of = "" if subset is None else f" (subset {subset!r})"
             raise UserError(f"could not load dataset {dataset!r}{of} from the HF hub "
                             f"({' '.join(str(e).split())}); pass --local with local files instead")
-    columns = ds.column_names
-    if columns is None:  # a stream that does not know its columns before its first row
+    if (columns := ds.column_names) is None:  # a stream that does not know its columns before its first row
         columns = list(next(iter(ds)).keys())
     if text_column not in columns:
         raise UserError(f"the dataset has no column {text_column!r} (columns: {columns}); pick one with --text_column")

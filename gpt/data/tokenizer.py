@@ -1,7 +1,5 @@
-"""
-Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters, and Hugging Face
-`tokenizers` JSON files. train.py and sample.py use get_tokenizer(meta), prepare scripts dataset_tokenizer.
-"""
+"""Tokenizers: GPT-2 BPE (tiktoken, online or from a local ranks file), characters, and Hugging Face `tokenizers` JSON
+files. train.py and sample.py use get_tokenizer(meta), prepare scripts dataset_tokenizer."""
 import base64
 import functools
 import json

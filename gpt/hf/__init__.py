@@ -1,11 +1,9 @@
-"""
-The bridge to Hugging Face transformers, both directions (docs/export.md): the GPT-2 family is GPT2LMHeadModel
-(our Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM (ours stack by rows
-what Llama keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary embedding uses transformers'
-rotate_half layout, so no weight is permuted). Import works on model_args dicts and state dicts, so that model.py
-can call it without this module importing model.py back; transformers is imported inside the functions that use
-it: it is slow to import, and check_folder and refused_fields need none of it.
-"""
+"""The bridge to Hugging Face transformers, both directions (docs/export.md): the GPT-2 family is GPT2LMHeadModel (our
+Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM (ours stack by rows what Llama
+keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary embedding uses transformers' rotate_half layout,
+so no weight is permuted). Import works on model_args dicts and state dicts, so that model.py can call it without this
+module importing model.py back; transformers is imported inside the functions that use it: it is slow to import, and
+check_folder and refused_fields need none of it."""
 import dataclasses
 import json
 import logging
@@ -82,8 +80,7 @@ def _common_kwargs(cfg, family):
 
 
 def gpt2_to_hf(model):
-    """(GPT2Config, state dict for GPT2LMHeadModel) of a GPT-2-family model: the same tensors, Linear
-    weights transposed to Conv1D's layout, and zero biases where ours have none (bias=False)."""
+    """(GPT2Config, GPT2LMHeadModel state dict) of a gpt2-family GPT: Linear weights transposed, zero biases if none."""
     from transformers import GPT2Config
     cfg = model.config
     if cfg.family != "gpt2":
@@ -105,8 +102,7 @@ def gpt2_to_hf(model):
 
 def _key_map(cfg):
     """[(our key, [(transformers key, rows), ...])]: each of our tensors is its transformers tensors stacked."""
-    if isinstance(cfg, dict):
-        cfg = types.SimpleNamespace(**cfg)
+    cfg = types.SimpleNamespace(**cfg) if isinstance(cfg, dict) else cfg
     C, H, kv = cfg.n_embd, cfg.mlp_hidden, cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
     pairs = [("transformer.wte.weight", [("model.embed_tokens.weight", cfg.vocab_size)]),
              ("transformer.ln_f.weight", [("model.norm.weight", C)]),
@@ -127,8 +123,7 @@ def _key_map(cfg):
 
 
 def llama_to_hf(model):
-    """(transformers.LlamaConfig, state dict for LlamaForCausalLM) of a llama-family GPT. The tensors are
-    views of the model's own (no copies); with tied embeddings lm_head.weight is embed_tokens.weight."""
+    """(LlamaConfig, LlamaForCausalLM state dict) of a llama-family GPT: views of the model's own tensors, no copies."""
     from transformers import LlamaConfig
     cfg = model.config
     if cfg.family != "llama":
@@ -151,8 +146,7 @@ def refused_fields(cfg):
 
 
 def to_hf(model):
-    """(transformers config, state dict) for the model's family; a UserError for what transformers cannot
-    express, before anything is written."""
+    """(transformers config, state dict) for the model's family; a UserError for what transformers cannot express."""
     if refused := refused_fields(model.config):
         listed = ", ".join(f"{name}={value!r}" for name, value in refused.items())
         raise UserError(f"cannot export {listed}: transformers' GPT-2/Llama do not compute "
@@ -414,8 +408,7 @@ def model_card(ckpt, hf_config, dtype):
 
 
 def verify(model, folder, tokenizer, tolerance=1e-4):
-    """Load the folder back with transformers and compare: logits on a fixed batch (to `tolerance` of their
-    largest magnitude), and the tokens of a text."""
+    """Load the folder with transformers; compare its logits (to `tolerance` of their largest) and tokens with ours."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     hf_model = AutoModelForCausalLM.from_pretrained(folder).float().eval()
     generator = torch.Generator().manual_seed(0)

@@ -1,5 +1,4 @@
-"""
-The folder export.py writes: never over a user's files, never left half written
+"""The folder export.py writes: never over a user's files, never left half written
 (docs/export.md#where-it-goes-never-over-your-files).
 
     check(export_dir, force, keep)        # before the checkpoint is read: one error line for any problem

@@ -1,8 +1,6 @@
-"""
-Our tokenizers (gpt/data/tokenizer.py's Tokenizer) as transformers tokenizers, for export.py: GPT-2 BPE rebuilt
-from tiktoken's ranks, a character vocabulary, or a dataset's tokenizers JSON as it is; saved in a form both
-transformers 4 and 5 load. transformers is imported inside the functions that use it: it is slow to import.
-"""
+"""Our tokenizers (gpt/data/tokenizer.py's Tokenizer) as transformers tokenizers, for export.py: GPT-2 BPE rebuilt from
+tiktoken's ranks, a character vocabulary, or a dataset's tokenizers JSON as it is; saved in a form both transformers 4
+and 5 load. transformers is imported inside the functions that use it: it is slow to import."""
 import json
 import os
 

@@ -1,9 +1,6 @@
-"""
-The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with
-dashboard=True, for its own): the page in dashboard_static/ and /log?offset=N, the log's complete rows from
-byte N on. What it shows, and why it answers only to the names it is served under (DNS rebinding):
-docs/monitoring.md#live-dashboard.
-"""
+"""The server behind the live page over a run's log (dashboard.py serves one for any run; train.py, with dashboard=True,
+for its own): the page in dashboard_static/ and /log?offset=N, the log's complete rows from byte N on. What it shows,
+and why it answers only to the names it is served under (DNS rebinding): docs/monitoring.md#live-dashboard."""
 import http.server
 import ipaddress
 import json
@@ -38,9 +35,8 @@ POLLING_S = 3.0  # a page that asked for the log this recently is open (it asks 
 
 def read_rows(path, offset):
     """The log's complete rows from byte `offset` on, at most MAX_CHUNK bytes of them: {offset: where the next
-    request starts, rows, more: whether there is more to read already, reset}. A log shorter than offset was
-    cut back by a resumed run (it drops the rows after its checkpoint): then the rows come from the start,
-    with reset true, so the page starts over."""
+    request starts, rows, more: whether there is more to read already, reset}. A log shorter than offset was cut
+    back by a resumed run (to its checkpoint): then the rows come from the start, with reset true: the page restarts."""
     reset = False
     try:
         with open(path, "rb") as f:
@@ -58,7 +54,6 @@ def read_rows(path, offset):
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-
     def do_GET(self):
         host = self.headers.get("Host", "")
         if not self.server.serves(host):

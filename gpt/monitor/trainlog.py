@@ -1,9 +1,7 @@
-"""
-The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its rows
-and how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also goes to
-Weights & Biases (docs/monitoring.md). Never written through a link (docs/checkpoints.md#links): rundir.py
-refuses one before the run starts, and O_NOFOLLOW here also catches one made since.
-"""
+"""The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its rows and
+how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also goes to Weights &
+Biases (docs/monitoring.md). Never written through a link (docs/checkpoints.md#links): rundir.py refuses one before the
+run starts, and O_NOFOLLOW here also catches one made since."""
 import json
 import math
 import netrc
@@ -29,7 +27,6 @@ WANDB_NAMES = {
 
 
 class TrainLog:
-
     def __init__(self, out_dir, enabled=True):
         self.path = os.path.join(out_dir, LOG_NAME)
         self.enabled = enabled  # only the master process writes
@@ -166,9 +163,8 @@ def wandb_metrics(row):
 
 
 def check_wandb():
-    """Before a wandb_log run touches anything, from what wandb.init would read (no network, nothing written):
-    wandb is installed, and logs offline or has credentials. Else one UserError naming the fix, not a traceback
-    or a prompt after the model is built."""
+    """Before a wandb_log run touches anything, from what wandb.init reads (no network, nothing written): wandb is
+    installed and logs offline or has credentials, else one UserError naming the fix, not a prompt or a traceback."""
     try:
         import wandb  # noqa: F401 (only whether it is installed: its settings come from wandb.sdk)
     except ImportError:

@@ -1,7 +1,5 @@
-"""
-HellaSwag scoring, as hellaswag.py describes it (with reference numbers): the data file (load_examples) and
-the batched, DDP-shared evaluation (evaluate), used by hellaswag.py and, during training, by train.py.
-"""
+"""HellaSwag scoring, as hellaswag.py describes it (with reference numbers): the data file (load_examples) and the
+batched, DDP-shared evaluation (evaluate), used by hellaswag.py and, during training, by train.py."""
 import json
 import os
 import urllib.request
@@ -39,8 +37,7 @@ def _parse(text, where):
 
 def _download(split, file):
     """Fetch the official jsonl, check it, and keep a copy in `file` (written atomically)."""
-    url = _URL.format(split=split)
-    folder = os.path.dirname(os.path.abspath(file))
+    url, folder = _URL.format(split=split), os.path.dirname(os.path.abspath(file))
     print(f"downloading HellaSwag {split} from {url} to {file}")
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
@@ -83,9 +80,8 @@ def load_examples(path=None, split="val"):
 
 
 def render_example(example, tokenizer):
-    """tokens (4, L): the context followed by each ending, right-padded with 0; mask (4, L): 1 over the
-    ending's tokens, which are the ones scored; and the label. Endings get a leading space, as GPT-2's
-    BPE tokenizes a word after a space."""
+    """tokens (4, L): the context followed by each ending, right-padded with 0; mask (4, L): 1 over the ending's
+    tokens (the scored ones); and the label. Endings get a leading space, as GPT-2's BPE tokenizes a word after one."""
     ctx = tokenizer.encode(example["ctx"])
     endings = [tokenizer.encode(" " + ending) for ending in example["endings"]]
     width = max(len(ctx) + len(end) for end in endings)
