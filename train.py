@@ -40,17 +40,7 @@ from gpt.monitor import server
 from gpt.monitor.trainlog import Startup, TrainLog, start_wandb
 from gpt.optim import muon
 from gpt.runtime import distributed, hardware, settings
-from gpt.runtime.settings import (
-    FRACTION,
-    MODEL,
-    NOT_NEGATIVE,
-    POSITIVE,
-    SEED,
-    TRAINING,
-    Setting,
-    at_least,
-    kept,
-)
+from gpt.runtime.settings import FRACTION, MODEL, NOT_NEGATIVE, POSITIVE, SEED, TRAINING, Setting, at_least, kept
 from gpt.runtime.signals import StopRequest
 from gpt.training import evaluation, hellaswag_eval, plan, schedule, step, stepgraph
 from model import GPTConfig

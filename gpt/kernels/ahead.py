@@ -8,7 +8,6 @@ their C launchers, never starting CUDA, and precompile loads them from there. A 
 only: precompile compiles what is not in the cache.
 """
 import contextlib
-import importlib
 import importlib.util
 import json
 import os
@@ -16,12 +15,10 @@ import subprocess
 import sys
 
 COMPILERS = 3  # the fused kernels a step calls: QK's forward and backward, and the loss
-WARM_UP_TARGET = 90  # the empty kernel's (compute capability 9.0): LLVM's start is the same for every GPU
 
 
 def start():
-    """The compilers where there is an NVIDIA GPU and Triton, else none: each a new Python (no torch), its stdin
-    the pipe its work comes on, its output thrown away."""
+    """The compilers where there is an NVIDIA GPU and Triton, else none: each a Python without torch, silent."""
     gpu = os.path.exists('/proc/driver/nvidia') or os.path.exists('/dev/dxg')  # the NVIDIA driver (/dev/dxg: WSL's)
     if not (gpu and sys.executable and importlib.util.find_spec('triton')):
         return []
@@ -32,8 +29,7 @@ def start():
 
 
 def send(compilers, specs, target):
-    """Each compiler its share of specs (one kernel variant's specialization data each) and the target
-    (compute capability as Triton writes it, 90 for 9.0, and warp size); no specs end them."""
+    """Each compiler its share of specs and the target (Triton's: (90, 32) for 9.0); no specs end them."""
     for i, compiler in enumerate(compilers):
         with contextlib.suppress(BrokenPipeError), compiler.stdin:  # one that died: precompile compiles its share
             compiler.stdin.write(json.dumps(dict(specs=specs[i::len(compilers)], target=target)).encode())
@@ -56,12 +52,10 @@ def compile_sent():
     from triton.compiler import ASTSource
     from triton.runtime import driver
     try:  # the C that Triton builds with gcc links libcuda: none to build on a machine without it (the tests')
-        build_c = bool(libcuda_dirs())
+        build_c = bool(libcuda_dirs()) and bool(CudaUtils())  # Triton's C utilities for CUDA
     except AssertionError:
         build_c = False
-    if build_c:
-        CudaUtils()  # Triton's C utilities for CUDA
-    triton.compile(ASTSource(triton.jit(_empty), {'x': '*fp32'}), target=GPUTarget('cuda', WARM_UP_TARGET, 32))
+    triton.compile(ASTSource(triton.jit(_empty), {'x': '*fp32'}), target=GPUTarget('cuda', 90, 32))  # any GPU's
     if not (work := json.loads(sys.stdin.read() or '{}')).get('specs'):
         return
     target = GPUTarget('cuda', *work['target'])

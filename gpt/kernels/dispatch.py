@@ -3,7 +3,6 @@
 before the first step (compile_ahead, precompile). Each kernel's module imports Triton, which CPU builds of
 torch lack, so model.py and train.py reach them only through here, and only where they run."""
 import importlib.util
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -32,7 +31,6 @@ def qk_kernel(q):
 
 
 class _NormRotate(torch.autograd.Function):
-
     @staticmethod
     def forward(ctx, q, k, cos, sin, eps):
         from gpt.kernels.fused_qk import _forward, _launch  # imports Triton: only where it runs
@@ -53,10 +51,9 @@ class _NormRotate(torch.autograd.Function):
 
 def norm_and_rotate(q, k, rope, eps):
     """q (B, T, n_head, hs) and k (B, T, n_kv_head, hs), any strides but a dense last dim (views of c_attn's
-    output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each
-    (T, hs) float32 as model.rotary makes them, by gpt/kernels/fused_qk.py's kernels. Returns new contiguous
-    (B, T, heads, hs) tensors in q's dtype (under autocast: the autocast dtype, as the plain path's SDPA sees
-    them)."""
+    output): each row RMS-normalised where eps is not None, then rotated where rope = (cos, sin), each (T, hs)
+    float32 as model.rotary makes them, by gpt/kernels/fused_qk.py's kernels. Returns new contiguous (B, T,
+    heads, hs) tensors in q's dtype (under autocast: the autocast dtype, as the plain path's SDPA sees them)."""
     dtype = torch.get_autocast_dtype('cuda') if torch.is_autocast_enabled('cuda') else q.dtype
     cos, sin = (None, None) if rope is None else (r.float().contiguous() for r in rope)
     return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)
@@ -74,9 +71,8 @@ def compile_ahead(compilers, cfg, batch_sizes, dtype, device, compiled):
 
 
 def specializations(cfg, batch_sizes, dtype):
-    """Triton's specialization data (JITFunction.preload's input) of each kernel variant that warm_ups calls,
-    taken from its calls on stand-ins in CPU memory, with nothing compiled or launched: a jit_cache_hook that
-    returns True skips the compile, and a launch without a kernel returns."""
+    """Triton's specialization data (JITFunction.preload's input) of each kernel variant that warm_ups calls on
+    stand-ins in CPU memory; nothing compiles or launches (a jit_cache_hook that returns True skips both)."""
     if not (jobs := warm_ups(cfg, batch_sizes, dtype, 'cpu')):
         return []
     from triton import knobs
@@ -95,21 +91,16 @@ def specializations(cfg, batch_sizes, dtype):
 
 
 def precompile(model, batch_sizes, dtype, compiled, compilers=()):
-    """Compile the Triton kernels that the run will call before its first evaluation, each in a thread: a cold
-    cache compiles them one by one at their first calls otherwise, and threads overlap their gcc and ptxas
-    processes. batch_sizes: the training micro-batch's, then the evaluations'. compilers: gpt/kernels/ahead.py's,
-    waited for first: what they compiled loads from Triton's cache."""
+    """Load the Triton kernels that the run will call before its first evaluation (or compile those that no
+    compiler did: a cold cache would compile them at their first calls). batch_sizes: the training micro-batch's,
+    then the evaluations'. compilers: gpt/kernels/ahead.py's, waited for first: their kernels are in the cache."""
     ahead.finish(compilers)
     device = next(model.parameters()).device
     if compiled or device.type != 'cuda' or not HAS_TRITON:
         return
-    if not (jobs := warm_ups(model.config, batch_sizes, dtype, device)):
-        return
-    import triton  # imports Triton: only where it runs
-    triton.runtime.driver.active.get_current_device()  # Triton's driver (a gcc build too), once, before the threads
-    with ThreadPoolExecutor(len(jobs), initializer=torch.cuda.set_device, initargs=(device,)) as pool:
-        for done in [pool.submit(job) for job in jobs]:
-            done.result()
+    with torch.cuda.device(device):
+        for job in warm_ups(model.config, batch_sizes, dtype, device):
+            job()
     torch.cuda.synchronize(device)
 
 

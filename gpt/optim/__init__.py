@@ -1,7 +1,5 @@
-"""
-The optimizers train.py's `optimizer` setting names (AdamW, or Muon for the blocks' matrices and AdamW for the
-rest): check() refuses what cannot work, build() makes one, load_state() resumes it under this run's settings.
-"""
+"""The optimizers train.py's `optimizer` setting names (AdamW, or Muon for the blocks' matrices and AdamW for the
+rest): check() refuses what cannot work, build() makes one, load_state() resumes it under this run's settings."""
 from gpt.optim import muon
 from gpt.runtime.errors import UserError
 

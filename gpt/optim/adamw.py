@@ -1,7 +1,5 @@
-"""
-torch's optimizers without torch._dynamo's lazy import, a large share of start-up (docs/speedrun.md#start-up),
-and configure(): nanoGPT's AdamW of a model, in decay and no-decay groups.
-"""
+"""torch's optimizers without torch._dynamo's lazy import, a large share of start-up (docs/speedrun.md#start-up),
+and configure(): nanoGPT's AdamW of a model, in decay and no-decay groups."""
 import inspect
 
 import torch

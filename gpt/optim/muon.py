@@ -1,12 +1,10 @@
-"""
-Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
+"""Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
 biases), as one torch optimizer: train.py schedules, clips, steps, saves and resumes it as it does AdamW, and
 the CUDA graph of gpt/training/stepgraph.py captures it.
 
 Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the nearest semi-orthogonal
 matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16, batched by
-shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why.
-"""
+shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why."""
 import math
 
 import torch

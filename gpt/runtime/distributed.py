@@ -1,8 +1,6 @@
-"""
-How the model is spread over the processes torchrun starts: joining the process group, then DDP (a whole copy
+"""How the model is spread over the processes torchrun starts: joining the process group, then DDP (a whole copy
 per GPU, through torch's wrapper or GradSync's hooks) or FSDP2 (parameters, gradients and optimizer state
-sharded). docs/scaling.md.
-"""
+sharded). docs/scaling.md."""
 import gc
 import os
 from datetime import timedelta

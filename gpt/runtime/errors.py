@@ -1,9 +1,7 @@
-"""
-How a script ends on an exception (what users see: docs/configuration.md, docs/scaling.md): a mistake a user can
+"""How a script ends on an exception (what users see: docs/configuration.md, docs/scaling.md): a mistake a user can
 fix is raised as UserError and printed as one line, `error: ...`, status 2, no traceback; Ctrl-C is
 `interrupted (Ctrl-C)` (130); a closed stdout pipe ends quietly with 141, as SIGPIPE would (`set -o pipefail`
-still sees the output was cut); anything else is a bug and keeps its traceback.
-"""
+still sees the output was cut); anything else is a bug and keeps its traceback."""
 import json
 import os
 import select

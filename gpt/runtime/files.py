@@ -1,13 +1,11 @@
-"""
-The one rule for every file the project writes (docs/checkpoints.md#links): write to a new temporary file in
+"""The one rule for every file the project writes (docs/checkpoints.md#links): write to a new temporary file in
 the same folder, fsync, then rename over `path`, so that a crash leaves the old file, never a half one. Never
 through a link: mkstemp makes the file new (O_EXCL), and the rename replaces a link without touching its target.
 
     atomic_write(path)      a file object (torch.save, json.dump, savefig(f, format=...))
     new_folder(path)        a new folder beside `path`, for writers of whole folders (save_pretrained)
 
-The appended log.jsonl is opened with O_NOFOLLOW instead (gpt/monitor/trainlog.py).
-"""
+The appended log.jsonl is opened with O_NOFOLLOW instead (gpt/monitor/trainlog.py)."""
 import os
 import tempfile
 from contextlib import contextmanager, suppress

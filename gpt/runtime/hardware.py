@@ -1,7 +1,5 @@
-"""
-Which device, precision and compile mode a run gets. Shared by train.py, sample.py and bench.py so that
-each resolves 'auto', reports what it chose, and rejects what cannot work with one clear line.
-"""
+"""Which device, precision and compile mode a run gets. Shared by train.py, sample.py and bench.py so that
+each resolves 'auto', reports what it chose, and rejects what cannot work with one clear line."""
 import importlib.util
 import shutil
 from contextlib import nullcontext

@@ -1,9 +1,7 @@
-"""
-Every setting is declared once, beside the code that owns it, as a Setting: its default, the values that make
+"""Every setting is declared once, beside the code that owns it, as a Setting: its default, the values that make
 sense, one line of documentation, when it does nothing and what a resumed run does with it. --help, the tables
 of docs/configuration.md, the checks, the notes and the resume rules all come from the declarations
-(docs/configuration.md#every-setting says how to declare one).
-"""
+(docs/configuration.md#every-setting says how to declare one)."""
 import os
 import re
 from dataclasses import dataclass

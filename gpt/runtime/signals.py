@@ -1,7 +1,5 @@
-"""
-Stopping a run cleanly when the machine is taken away: SIGTERM, SIGINT or SIGHUP asks for a checkpoint and an
-exit after this step (docs/checkpoints.md#preemption says what each signal does).
-"""
+"""Stopping a run cleanly when the machine is taken away: SIGTERM, SIGINT or SIGHUP asks for a checkpoint and an
+exit after this step (docs/checkpoints.md#preemption says what each signal does)."""
 import errno
 import os
 import signal

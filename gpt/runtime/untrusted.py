@@ -1,8 +1,6 @@
-"""
-Reading files from outside the run (checkpoints, transformers weights): torch.load restricted to tensors and plain
+"""Reading files from outside the run (checkpoints, transformers weights): torch.load restricted to tensors and plain
 data, so that no file can run code, and every way such a file can be wrong one line naming it (UserError).
-docs/checkpoints.md#untrusted-files says what is refused and why.
-"""
+docs/checkpoints.md#untrusted-files says what is refused and why."""
 import pickle
 import re
 import zipfile

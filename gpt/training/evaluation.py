@@ -1,7 +1,5 @@
-"""
-Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
-DDP ranks, and a few sampled continuations of a prompt.
-"""
+"""Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
+DDP ranks, and a few sampled continuations of a prompt."""
 import sys
 import time
 

@@ -1,8 +1,6 @@
-"""
-The run plan: what a training run is, decided once, before anything is touched (docs/configuration.md#the-run-plan).
+"""The run plan: what a training run is, decided once, before anything is touched (docs/configuration.md#the-run-plan).
 make() reads the settings, the weights' source, the dataset and the machine, runs every check that can fail and
-returns a frozen RunPlan that train.py reads the run from; record() is what checkpoints and log.jsonl keep.
-"""
+returns a frozen RunPlan that train.py reads the run from; record() is what checkpoints and log.jsonl keep."""
 import os
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields

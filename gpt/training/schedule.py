@@ -1,7 +1,5 @@
-"""
-When things happen in a run: the learning-rate schedule, a step's batch split over the processes, the token
-budgets as iteration counts, and which evaluations, samples and checkpoints are due at a step.
-"""
+"""When things happen in a run: the learning-rate schedule, a step's batch split over the processes, the token
+budgets as iteration counts, and which evaluations, samples and checkpoints are due at a step."""
 import math
 from typing import NamedTuple
 

@@ -1,9 +1,7 @@
-"""
-The training step: one function, which train.py and bench.py call and gpt/training/stepgraph.py captures, so a
+"""The training step: one function, which train.py and bench.py call and gpt/training/stepgraph.py captures, so a
 change to the step runs in all of them. It reads nothing back to the CPU (a NaN/inf gradient norm skips the
 update on the device, through fused optimizers' found_inf): that lets a CUDA graph capture it, and spares an
-eager step a CPU-GPU sync.
-"""
+eager step a CPU-GPU sync."""
 import math
 
 import torch

@@ -1,11 +1,9 @@
-"""
-The training step as one CUDA graph (cuda_graph=True, one CUDA GPU, or under torchrun with ddp_sync='hooks'
+"""The training step as one CUDA graph (cuda_graph=True, one CUDA GPU, or under torchrun with ddp_sync='hooks'
 over NCCL, whose all-reduces the graph records too): every micro-step's forward and backward, the clipping and
 the update, recorded once and replayed every iteration (docs/benchmarks.md). A graph needs fixed shapes and
 addresses and no value read back on the CPU: the batches are copied into fixed buffers, the learning rate is a
 GPU tensor that fused AdamW reads (capturable), and train_step skips a non-finite update on the GPU. The
-evaluations' forward gets a graph of its own (EvalGraph).
-"""
+evaluations' forward gets a graph of its own (EvalGraph)."""
 import torch
 
 from gpt.training.step import train_step
