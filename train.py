@@ -23,6 +23,7 @@ errors.install()
 from gpt.kernels import ahead  # no torch either: Triton's compilers start now, while torch loads
 
 compilers = ahead.start()  # where there is an NVIDIA GPU and Triton (gpt/kernels/ahead.py)
+
 import math
 
 with errors.ExitOnCtrlC():  # a Ctrl-C inside torch's import would abort it from C++: exit at once instead
