@@ -115,7 +115,8 @@ torch._functorch.config.activation_memory_budget = activation_memory_budget
 cuda_graph = stepgraph.can_graph(cuda_graph, device_type, False, dtype, False)
 model_config = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                          bias=bias, dropout=dropout, **{k: config[k] for k in GPTConfig.settings()})
-model_config.fused_qk = hardware.can_fuse_qk(model_config.fused_qk, model_config, device_type, compile)
+for k in ('fused_qk', 'fused_norm'):
+    setattr(model_config, k, hardware.can_fuse(k, getattr(model_config, k), model_config, device_type, compile))
 model_config.bf16_residual = hardware.can_bf16_residual(model_config.bf16_residual, dtype)
 sync = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 

@@ -67,6 +67,7 @@ class GPTConfig:
     fused_loss: bool = runtime(False)  # the head and loss a chunk at a time, no full logits (gpt/kernels/loss.py)
     loss_chunk: int = runtime(4096)  # positions per chunk: its fp32 logits are loss_chunk x vocab_size
     fused_qk: bool = runtime(False)  # QK-norm and rotary embeddings in one Triton kernel (a CUDA GPU, uncompiled)
+    fused_norm: bool = runtime(False)  # gpt2's LayerNorm as a Triton kernel each way (a CUDA GPU, uncompiled)
     bf16_residual: bool = runtime(False)  # under bf16 autocast the residual stream in bf16: half the bytes, coarser
 
     def __post_init__(self):
@@ -159,9 +160,16 @@ class RMSNorm(nn.Module):
 
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm, but a bf16 input (bf16_residual) gives a bf16 output, the statistics still in float32:
-    autocast would run it in float32 and hand the next matmul a float32 copy to cast back."""
+    autocast would run it in float32 and hand the next matmul a float32 copy to cast back. fused_norm: the same
+    math by gpt/kernels/layer_norm.py's kernels, where they run."""
+
+    def __init__(self, config):
+        super().__init__(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
+        self.config = config  # the model's own, whose runtime fields (fused_norm) a run may change
 
     def forward(self, x):
+        if self.config.fused_norm and (fused := dispatch.norm_kernel(x)) is not None:
+            return fused(x, self.weight, self.bias, self.eps)
         if x.dtype == torch.float32:
             return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
@@ -172,7 +180,7 @@ class LayerNorm(nn.LayerNorm):
 def make_norm(config):
     if config.family == 'llama':
         return RMSNorm(config.n_embd, config.norm_eps)
-    return LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)  # nanoGPT's keys, bias or none
+    return LayerNorm(config)
 
 
 def rotary(positions, head_size, theta):

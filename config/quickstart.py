@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     device = 'cpu'
     compile = False
     cuda_graph = False
+    fused_norm = False
     eval_iters = 20
     log_interval = 50
     block_size = 64

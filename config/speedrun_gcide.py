@@ -53,10 +53,11 @@ checkpoint_interval = 190  # one checkpoint, at the end
 wandb_log = False
 
 # speed, as the clock starts at launch: a cold compile costs more than it saves in a run this short; the
-# Triton kernels (QK-norm with the rotation, the loss) and the CUDA graph (one GPU only) cut what small
+# Triton kernels (QK-norm with the rotation, LayerNorm, the loss) and the CUDA graph (one GPU only) cut what small
 # kernels' launches cost; cuDNN's attention builds its kernels at the first calls, so flash's is quicker cold
 compile = False
 fused_qk = True
+fused_norm = True  # LayerNorm too: its backward's weight-gradient sums are slow uncompiled
 fused_loss = True
 cuda_graph = True
 cudnn_attention = False

@@ -38,3 +38,4 @@ warmup_iters = 100  # not super necessary potentially
 cuda_graph = True
 compile = False
 cudnn_attention = False
+fused_norm = True  # LayerNorm as a Triton kernel (a CUDA GPU): a sixth off the step, compiled while torch loads

@@ -58,13 +58,13 @@ def test_the_plan_keeps_fused_qk_only_where_it_runs(capsys):
     from gpt.runtime import hardware
     rope = GPTConfig(n_layer=2, n_head=2, n_embd=32, pos_emb='rope')
     plain = GPTConfig(n_layer=2, n_head=2, n_embd=32)
-    assert not hardware.can_fuse_qk(True, rope, 'cpu', compiled=False)
+    assert not hardware.can_fuse('fused_qk', True, rope, 'cpu', compiled=False)
     assert "fused_qk: off (needs a CUDA GPU (this run: cpu))" in capsys.readouterr().out
-    assert not hardware.can_fuse_qk(True, rope, 'cuda', compiled=True)
+    assert not hardware.can_fuse('fused_qk', True, rope, 'cuda', compiled=True)
     assert "compile=True fuses them itself" in capsys.readouterr().out
-    assert not hardware.can_fuse_qk(True, plain, 'cuda', compiled=False)
+    assert not hardware.can_fuse('fused_qk', True, plain, 'cuda', compiled=False)
     assert "neither qk_norm nor rotary" in capsys.readouterr().out
-    assert not hardware.can_fuse_qk(False, rope, 'cuda', compiled=False)
+    assert not hardware.can_fuse('fused_qk', False, rope, 'cuda', compiled=False)
     assert capsys.readouterr().out == ""
 
 

@@ -9,7 +9,7 @@ from conftest import needs_triton, run_interpreted
 
 VARIANTS = r"""
 import torch
-from gpt.kernels import cross_entropy, dispatch, fused_qk
+from gpt.kernels import cross_entropy, dispatch, fused_qk, layer_norm
 from model import GPT, GPTConfig
 
 calls = set()
@@ -34,14 +34,17 @@ class Recorder:
 fused_qk._forward = Recorder("forward", fused_qk._forward)
 fused_qk._backward = Recorder("backward", fused_qk._backward)
 cross_entropy._loss_and_grad = Recorder("loss", cross_entropy._loss_and_grad)
+layer_norm._forward = Recorder("norm", layer_norm._forward)
+layer_norm._backward = Recorder("norm backward", layer_norm._backward)
 dispatch.runs_on = lambda x: True  # the kernels run on the CPU here, under the interpreter
 
 # heads, positions and batches whose products and strides are multiples of 16 or not, grouped-query attention
-for shape in [dict(n_head=4, n_kv_head=2, block_size=6), dict(n_head=2, n_kv_head=2, block_size=8)]:
+for shape in [dict(n_head=4, n_kv_head=2, block_size=6), dict(n_head=2, n_kv_head=2, block_size=8, bias=True)]:
     for switches in [dict(qk_norm=True, pos_emb='rope'), dict(qk_norm=True), dict(pos_emb='rope', logit_softcap=15.0),
-                     dict(family='llama')]:  # llama: rotary whatever pos_emb says
-        cfg = GPTConfig(n_layer=1, n_embd=32, vocab_size=50, bias=False, fused_qk=True, fused_loss=True,
-                        loss_chunk=16, **shape, **switches)
+                     dict(family='llama')]:  # llama: rotary whatever pos_emb says; its norms are RMSNorm
+        norm = switches.get('family') != 'llama'
+        cfg = GPTConfig(**{'n_layer': 1, 'n_embd': 32, 'vocab_size': 50, 'bias': False, 'fused_qk': True,
+                           'fused_loss': True, 'fused_norm': norm, 'loss_chunk': 16, **shape, **switches})
         model = GPT(cfg)
         train_batch, eval_batch = 3, 2
         for job in dispatch.warm_ups(cfg, (train_batch, eval_batch), 'float32', 'cpu'):
@@ -54,7 +57,8 @@ for shape in [dict(n_head=4, n_kv_head=2, block_size=6), dict(n_head=2, n_kv_hea
         with torch.no_grad():
             model(x[:eval_batch], x[:eval_batch])
         ran, calls = calls, set()
-        assert {c[0] for c in ran} == {"forward", "backward", "loss"}, ran
+        norms = {"norm", "norm backward"} if norm else set()
+        assert {c[0] for c in ran} == {"forward", "backward", "loss"} | norms, ran
         assert ran <= warm, (shape, switches, ran - warm)
 print("ok")
 """
@@ -83,13 +87,14 @@ def test_precompile_does_nothing_without_a_cuda_gpu_or_a_fused_kernel(monkeypatc
 def test_precompile_fills_the_kernel_caches_on_a_gpu():
     import torch
 
-    from gpt.kernels import cross_entropy, dispatch, fused_qk
+    from gpt.kernels import cross_entropy, dispatch, fused_qk, layer_norm
     from model import GPT, GPTConfig
     cfg = GPTConfig(n_layer=1, n_head=4, n_embd=128, block_size=64, vocab_size=256, qk_norm=True, pos_emb='rope',
-                    fused_qk=True, fused_loss=True)
+                    fused_qk=True, fused_loss=True, fused_norm=True)
     model = GPT(cfg).cuda()
     dispatch.precompile(model, (4, 4), 'bfloat16', compiled=False)
-    kernels = (fused_qk._forward, fused_qk._backward, cross_entropy._loss_and_grad)
+    kernels = (fused_qk._forward, fused_qk._backward, cross_entropy._loss_and_grad, layer_norm._forward,
+               layer_norm._backward)
     compiled = [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
     x = torch.randint(0, 256, (4, 64), device='cuda')
     with torch.autocast('cuda', dtype=torch.bfloat16):
@@ -102,7 +107,7 @@ def tiny_fused_config():
     # GPT-2's attention: q's and k's stand-ins as large as a real run's (a copy of them would use OpenMP's threads)
     from model import GPTConfig
     return GPTConfig(n_layer=1, n_head=12, n_embd=768, block_size=1024, vocab_size=256, qk_norm=True,
-                     pos_emb='rope', fused_qk=True, fused_loss=True)
+                     pos_emb='rope', fused_qk=True, fused_loss=True, fused_norm=True, bf16_residual=True)
 
 
 AHEAD_ON_THE_CPU = r"""
@@ -127,13 +132,14 @@ stand_in.get_current_device, stand_in.get_current_target = (lambda: 0), (lambda:
 stand_in.get_current_stream = lambda device=None: 0
 driver.set_active(stand_in)
 specs = dispatch.specializations(tiny_fused_config(), (16, 8), "bfloat16")
-kernels = ["_backward", "_forward", "_loss_and_grad"]
-assert sorted(json.loads(spec)["name"].rsplit(".", 1)[1] for spec in specs) == kernels
+kernels = ["fused_qk._backward", "fused_qk._forward", "layer_norm._backward", "layer_norm._forward",
+           "cross_entropy._loss_and_grad"]
+assert sorted(json.loads(spec)["name"].split(".", 2)[2] for spec in specs) == sorted(kernels)
 ahead.send(compilers, specs, (90, 32))
 assert ahead.finish(compilers) == [0] * ahead.COMPILERS
 cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
 binaries = [path for path in cache.rglob("_*.cubin") if path.stem != "_empty"]  # ahead's warm-up kernel
-assert sorted(path.stem for path in binaries) == kernels, binaries
+assert sorted(path.stem for path in binaries) == sorted(k.split(".")[1] for k in kernels), binaries
 assert {json.loads(path.with_suffix(".json").read_text())["target"]["arch"] for path in binaries} == {90}
 print("ok")
 """
@@ -154,7 +160,8 @@ def test_the_compilers_compile_what_they_are_sent_without_cuda_or_torch(tmp_path
 def test_a_compiler_loads_the_kernels_without_torch():
     import subprocess
     import sys
-    code = ("import sys; import gpt.kernels.ahead, gpt.kernels.fused_qk, gpt.kernels.cross_entropy; "
+    code = ("import sys; import gpt.kernels.ahead, gpt.kernels.fused_qk, gpt.kernels.cross_entropy, "
+            "gpt.kernels.layer_norm; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

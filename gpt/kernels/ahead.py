@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-COMPILERS = 3  # the fused kernels a step calls: QK's forward and backward, and the loss
+COMPILERS = 5  # the fused kernels a step can call: QK's and LayerNorm's forward and backward, and the loss
 
 
 def start():

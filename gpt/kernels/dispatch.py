@@ -1,8 +1,10 @@
 """Where gpt/kernels' Triton kernels run in place of model.py's plain PyTorch: on a CUDA GPU, uncompiled
-(torch.compile fuses the plain paths by itself); their autograd binding (norm_and_rotate); and their compiles
-before the first step (compile_ahead, precompile). Each kernel's module imports Triton, which CPU builds of
-torch lack, so model.py and train.py reach them only through here, and only where they run."""
+(torch.compile fuses the plain paths by itself); their autograd bindings (norm_and_rotate, layer_norm); and their
+compiles before the first step (compile_ahead, precompile). Each kernel's module imports Triton, which CPU builds
+of torch lack, so model.py and train.py reach them only through here, and only where they run."""
+import contextlib
 import importlib.util
+import threading
 
 import torch
 
@@ -26,8 +28,14 @@ def loss_kernel(x):
 
 def qk_kernel(q):
     """norm_and_rotate (gpt/kernels/fused_qk.py's kernels) where it runs for the queries q, else None. Triton is
-    not checked here: the run plan turns fused_qk off without it (gpt/runtime/hardware.py's can_fuse_qk)."""
+    not checked here: the run plan turns fused_qk off without it (gpt/runtime/hardware.py's can_fuse)."""
     return norm_and_rotate if runs_on(q) else None
+
+
+def norm_kernel(x):
+    """layer_norm (gpt/kernels/layer_norm.py's kernels) where it runs for the input x, else None (Triton: as
+    qk_kernel)."""
+    return layer_norm if runs_on(x) else None
 
 
 class _NormRotate(torch.autograd.Function):
@@ -59,6 +67,31 @@ def norm_and_rotate(q, k, rope, eps):
     return _NormRotate.apply(q.to(dtype), k.to(dtype), cos, sin, eps)
 
 
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        from gpt.kernels import layer_norm  # imports Triton: only where it runs
+        y, mean, rstd = layer_norm.forward(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from gpt.kernels import layer_norm
+        x, weight, mean, rstd = ctx.saved_tensors
+        N = x.shape[-1]
+        dx, dw, db = layer_norm.backward(x.reshape(-1, N).contiguous(), weight, dy.reshape(-1, N).contiguous(),
+                                         mean, rstd)
+        return dx.view(x.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype) if ctx.has_bias else None, None
+
+
+def layer_norm(x, weight, bias, eps):
+    """F.layer_norm(x, (N,), weight, bias, eps) over x's last dim N, in x's dtype, by gpt/kernels/layer_norm.py's
+    kernels: float32 statistics, the weight and bias read in their own dtype (bias may be None)."""
+    return _LayerNorm.apply(x, weight, bias, eps)
+
+
 def compile_ahead(compilers, cfg, batch_sizes, dtype, device, compiled):
     """Send gpt/kernels/ahead.py's compilers, started at launch, the kernels that precompile will call, and this
     GPU's target; nothing to compile (a CPU run, compile=True, no fused kernel) ends them."""
@@ -68,6 +101,12 @@ def compile_ahead(compilers, cfg, batch_sizes, dtype, device, compiled):
         with torch.cuda.device(device):  # Triton asks CUDA for the current device and its target
             specs, target = specializations(cfg, batch_sizes, dtype), driver.active.get_current_target()
     ahead.send(compilers, specs, target and (target.arch, target.warp_size))
+    # precompile's loads need Triton's cache key, a hash of its 400 MB library that runs without the GIL: hashed
+    # while the compilers work (twice at worst, never wrong); a Triton without the function hashes it then
+    with contextlib.suppress(ImportError):
+        if specs:
+            from triton.runtime.cache import triton_key
+            threading.Thread(target=triton_key, daemon=True).start()
 
 
 def specializations(cfg, batch_sizes, dtype):
@@ -108,9 +147,9 @@ def warm_ups(cfg, batch_sizes, dtype, device):
     """precompile's jobs: each calls kernels once on stand-ins of the run's tensors (the shapes, strides and dtype
     that pick a variant; one that missed would cost time, never correctness). tests/test_precompile.py checks
     that they call every variant a step and an evaluation call."""
-    if not (cfg.fused_qk or cfg.fused_loss):  # the plan keeps fused_qk only where there is something to fuse
+    if not (cfg.fused_qk or cfg.fused_loss or cfg.fused_norm):  # the plan keeps each only where it has work
         return []
-    from gpt.kernels import cross_entropy, fused_qk  # imports Triton: only where it runs
+    from gpt.kernels import cross_entropy, fused_qk, layer_norm  # imports Triton: only where it runs
     dtype, T, hs = getattr(torch, dtype), cfg.block_size, cfg.n_embd // cfg.n_head
     rope, eps = cfg.rotary, cfg.norm_eps if cfg.qk_norm else None
     cos = sin = torch.zeros(T, hs, device=device) if rope else None
@@ -134,4 +173,12 @@ def warm_ups(cfg, batch_sizes, dtype, device):
         logits = torch.empty(rows, cfg.vocab_size, dtype=dtype, device=device)
         cross_entropy.loss_and_grad_(logits, torch.zeros(rows, dtype=torch.long, device=device), cfg.logit_softcap)
 
-    return [forward, backward] * cfg.fused_qk + [loss] * cfg.fused_loss
+    def norms():  # the stream's dtype (model.py); forward at every batch size, backward at the training one's
+        w = torch.empty(cfg.n_embd, device=device)
+        for B in dict.fromkeys(batch_sizes):
+            x = torch.empty(B * T, cfg.n_embd, dtype=dtype if cfg.bf16_residual else torch.float32, device=device)
+            _, mean, rstd = layer_norm.forward(x, w, w if cfg.bias else None, cfg.norm_eps)
+            if B == batch_sizes[0]:
+                layer_norm.backward(x, w, torch.empty_like(x), mean, rstd)
+
+    return [forward, backward] * cfg.fused_qk + [loss] * cfg.fused_loss + [norms] * cfg.fused_norm

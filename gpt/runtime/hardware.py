@@ -120,17 +120,19 @@ def can_bf16_residual(bf16_residual, dtype, verbose=True):
     return bool(bf16_residual and dtype == 'bfloat16')
 
 
-def can_fuse_qk(fused_qk, model, device_type, compiled, verbose=True):
-    """Whether attention runs qk_norm and the rotary embedding as gpt/kernels/fused_qk.py's Triton kernel: asked
+def can_fuse(name, wanted, model, device_type, compiled, verbose=True):
+    """Whether model.py runs fused path `name` ('fused_qk', 'fused_norm') as its gpt/kernels Triton kernel: asked
     for, and able to work here (else, verbose, say why not: the plain path computes the same). model: GPTConfig."""
-    problem = fused_qk and (
-        "neither qk_norm nor rotary embeddings to fuse" if not (model.qk_norm or model.rotary)
+    nothing = {'fused_qk': not (model.qk_norm or model.rotary) and "neither qk_norm nor rotary embeddings to fuse",
+               'fused_norm': model.family != 'gpt2' and "llama's norms are RMSNorm, not LayerNorm"}[name]
+    problem = wanted and (
+        nothing if nothing
         else f"needs a CUDA GPU (this run: {device_type})" if device_type != 'cuda'
         else "compile=True fuses them itself" if compiled
         else "triton is not installed" if importlib.util.find_spec("triton") is None else None)
     if problem and verbose:
-        print(f"fused_qk: off ({problem})")
-    return bool(fused_qk and not problem)
+        print(f"{name}: off ({problem})")
+    return bool(wanted and not problem)
 
 
 SLOW_RUN_SECONDS = 24 * 3600  # a run projected to take longer than this on a CPU or MPS gets a warning

@@ -226,7 +226,8 @@ def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0,
     parallelism = config['parallelism'] if torchrun else 'none'
     compiled = hardware.can_compile(config['compile'], device_type, verbose)
     compile_scope = distributed.check(config['parallelism'], config, compiled, torchrun)
-    model['fused_qk'] = hardware.can_fuse_qk(model['fused_qk'], GPTConfig(**model), device_type, compiled, verbose)
+    for name in ('fused_qk', 'fused_norm'):
+        model[name] = hardware.can_fuse(name, model[name], GPTConfig(**model), device_type, compiled, verbose)
     model['bf16_residual'] = hardware.can_bf16_residual(model['bf16_residual'], dtype, verbose)
     if torchrun:
         distributed.check_backend(config['backend'], device_type)  # now, not when the group is joined
