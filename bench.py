@@ -2,8 +2,7 @@
 tokens/s, MFU against the card's peak and peak memory; then generation speed with the KV cache (bf16 weights, on CUDA
 the decode step replayed from a CUDA graph). Prints a table; writes the numbers, card, torch and git revision to JSON.
 $ python bench.py                                   # GPT-2 124M, B=12 and 32, synthetic tokens
-$ python bench.py --batch_sizes=12,32,64 --compile=False --gen_batch_sizes=1,10
-"""
+$ python bench.py --batch_sizes=12,32,64 --compile=False --gen_batch_sizes=1,10"""
 import json
 import os
 import subprocess
@@ -122,7 +121,6 @@ sync = torch.cuda.synchronize if device_type == 'cuda' else lambda: None
 
 
 def batches(B):
-    """An endless supply of (x, y) batches, real or random, already on the device."""
     g = torch.Generator().manual_seed(seed)
     while True:
         if real_data:

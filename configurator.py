@@ -1,7 +1,6 @@
-"""Configuration overrides for the entry scripts (train.py, sample.py, ...), nanoGPT style: a script calls
-`config = configurator.apply(globals(), sys.argv[1:])`, and config files and --key=value flags override its settings in
-order (docs/configuration.md). config.given records every key a file or flag set, whatever its value: resuming a
-2-layer checkpoint with --n_layer=12 (train.py's default) is a request for 12 layers."""
+"""Configuration overrides for the entry scripts: a script calls `config = configurator.apply(globals(), sys.argv[1:])`,
+and config files and --key=value flags override its settings in order. config.given records every key a file or flag
+set, whatever its value: resuming a 2-layer checkpoint with --n_layer=12 (the default) asks for 12 layers."""
 import ast
 import difflib
 import math
@@ -22,7 +21,6 @@ def _meant(key, known):
 
 
 def _unknown(key, known, where):
-    """The error for a key no setting has, naming the setting it most likely meant."""
     close = _meant(key, known)
     hint = f": did you mean {close}?" if close else " (--help lists every setting)"
     return UserError(f"unknown config key '{key}' {where}{hint}")
@@ -69,9 +67,8 @@ def _expand_home(key, value):
 
 
 class Config(dict):
-    """The final settings, {key: value}, plus `given`: the keys that config files and flags set,
-    `declared`: each setting's declaration (gpt/runtime/settings.py's Setting), and `sources`: in order,
-    (config file or 'flags', {key: value} it set), consecutive flags as one (the plan reads which came later)."""
+    """The final settings, {key: value}, plus `given` (the keys files and flags set), `declared` (each setting's
+    Setting) and `sources`: (config file or 'flags', {key: value} it set) in order, consecutive flags as one."""
 
     def __init__(self, values, given, declared=None, sources=()):
         super().__init__(values)
@@ -117,9 +114,8 @@ def _bare_annotations(tree):
 
 
 def _run_config_file(path, config):
-    """{key: (value, where)} of the settings a config file assigns, in the order it first sets them; where:
-    the file and line. A file that sets none, a line that assigns nothing (`batch_size: 16`) or a name that is
-    no setting is one error naming the file and line."""
+    """{key: (value, where: file and line)} of the settings a config file assigns, in order; a file that sets none, a
+    line that assigns nothing (`batch_size: 16`) or a name no setting has is one error naming file and line."""
     if not os.path.isfile(path):
         raise UserError(f"config file {path} not found (arguments are config files or --key=value flags)")
     scope = _Recording({**config, "__file__": path}, path)  # __file__: a file can find files beside it
@@ -192,8 +188,7 @@ def usage(declared, script):
 
 
 def markdown(declared):
-    """The settings as a markdown table (docs/configuration.md holds train.py's: `python train.py --help=markdown`),
-    with what a resumed run does with each."""
+    """Each setting and what a resumed run does with it, as a markdown table (docs/configuration.md's)."""
     resume = {RUN: "takes it", TRAINING: "trains with it", MODEL: "keeps the model's"}
     rows = ["| setting | default | meaning | on resume |", "| --- | --- | --- | --- |"]
     for key, s in declared.items():
@@ -203,9 +198,8 @@ def markdown(declared):
 
 
 def apply(g, argv, *sections):
-    """Apply config files and --key=value flags in `argv` to the globals `g` and to `sections` (more settings:
-    dicts of name -> Setting, or plain dicts of name -> default, updated in place); return the final Config.
-    -h or --help prints every setting with its default and documentation, and exits."""
+    """Apply the config files and --key=value flags of `argv` to the globals `g` and to `sections` (dicts of name ->
+    Setting or -> default, updated in place); return the final Config. -h/--help prints the settings and exits."""
     script = g.get("__file__") or sys.argv[0]
     notes = {k: v for k, v in g.get("__annotations__", {}).items() if isinstance(v, Setting) and k in g}
     if not notes:  # a script that declares no setting: its public module-level globals of plain types (nanoGPT's)

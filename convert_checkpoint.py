@@ -1,8 +1,7 @@
 """Turn a sharded checkpoint (written by parallelism=fsdp into out_dir/ckpt_dcp/) into one ckpt.pt that sample.py,
 hellaswag.py, export and nanoGPT-style tools read. Runs in one process, no GPU needed; a folder that is not a whole
 checkpoint (shard files missing or cut short) is one line before any work.
-$ python convert_checkpoint.py --out_dir=out
-"""
+$ python convert_checkpoint.py --out_dir=out"""
 import sys
 
 import configurator

@@ -1,8 +1,7 @@
-"""A live web page over a run's log (out_dir/log.jsonl), for a running or finished run (docs/monitoring.md).
+"""A live web page over a run's log (out_dir/log.jsonl), for a running or finished run (docs/monitoring.md), served
+from 127.0.0.1 only (gpt/monitor/server.py says what it answers, and to whom).
 
-$ python dashboard.py --out_dir=out                   # http://127.0.0.1:8000/
-
-Served from 127.0.0.1 only; gpt/monitor/server.py says what it answers, and to whom."""
+$ python dashboard.py --out_dir=out                   # http://127.0.0.1:8000/"""
 import os
 import sys
 from contextlib import suppress

@@ -3,8 +3,7 @@ HellaSwag accuracy of a checkpoint or a pretrained model, scored as in build-nan
 The scoring is gpt/training/hellaswag_eval.py's, which train.py also uses during training.
 
 $ python hellaswag.py --init_from=gpt2
-$ torchrun --standalone --nproc_per_node=8 hellaswag.py --init_from=gpt2-xl
-"""
+$ torchrun --standalone --nproc_per_node=8 hellaswag.py --init_from=gpt2-xl"""
 import sys
 
 import torch

@@ -4,8 +4,7 @@ rotary positions, RMSNorm, SwiGLU MLP), with grouped-query attention and untied 
 References:
 1) OpenAI's GPT-2 TensorFlow implementation: https://github.com/openai/gpt-2/blob/master/src/model.py
 2) huggingface/transformers' PyTorch implementations, whose GPT-2 and Llama weights `from_pretrained` loads
-3) nanoGPT's model.py, whose checkpoints this one reads
-"""
+3) nanoGPT's model.py, whose checkpoints this one reads"""
 import inspect
 import math
 from contextlib import nullcontext
@@ -113,7 +112,6 @@ class GPTConfig:
 
     @classmethod
     def fields_of(cls, kind):
-        """The names of the fields of one kind (ARCHITECTURE, INITIALISATION or RUNTIME), in order."""
         return tuple(f.name for f in fields(cls) if f.metadata['kind'] == kind)
 
     @classmethod
@@ -123,9 +121,8 @@ class GPTConfig:
 
     @classmethod
     def settings(cls):
-        """The fields beyond nanoGPT's, the loss's and norm_eps (the model switches train.py takes besides its own
-        n_layer, n_head, ...) as settings (gpt/runtime/settings.py): the field's default, its check and its comment;
-        a resumed or pretrained model keeps its architecture and initialisation (gpt/training/plan.py)."""
+        """The fields beyond nanoGPT's, the loss's and norm_eps (the model switches train.py takes besides n_layer,
+        n_head, ...) as Settings; a resumed or pretrained model keeps its architecture and initialisation (plan.py)."""
         docs = comments(inspect.getsource(cls))
         return {f.name: Setting(f.metadata.get('check', ()), RUN if f.metadata['kind'] == RUNTIME else MODEL,
                                 default=f.default, doc=docs.get(f.name, ''))
@@ -178,9 +175,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 def make_norm(config):
-    if config.family == 'llama':
-        return RMSNorm(config.n_embd, config.norm_eps)
-    return LayerNorm(config)
+    return RMSNorm(config.n_embd, config.norm_eps) if config.family == 'llama' else LayerNorm(config)
 
 
 def rotary(positions, head_size, theta):
@@ -202,7 +197,6 @@ def apply_rotary(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx = layer_idx
@@ -264,7 +258,6 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
@@ -293,7 +286,6 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.ln_1 = make_norm(config)
@@ -307,7 +299,6 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None
@@ -427,9 +418,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_type, override_args=None):
-        """GPT-2 weights through transformers: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a
-        local folder written by save_pretrained; or a Llama folder (LlamaForCausalLM). Only `dropout` may be
-        overridden. The conversion is gpt/hf/__init__.py's, the bridge to transformers in both directions."""
+        """GPT-2 weights through transformers: a hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local folder
+        written by save_pretrained, or a Llama folder. Only `dropout` may be overridden; gpt/hf/__init__.py converts."""
         override_args = override_args or {}
         assert all(k == "dropout" for k in override_args), f"only dropout can be overridden, got {override_args}"
         from gpt import hf  # imported here: transformers is slow to import, and only this needs it
@@ -465,9 +455,8 @@ class GPT(nn.Module):
         return 6 * N + 12 * L * H * Q * T
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=312e12):
-        """Model FLOPs utilization: achieved FLOP/s over the device's peak, `peak_flops` (nanoGPT's default:
-        an A100's bf16 312 TFLOP/s; gpt/runtime/hardware.py's peak_flops(device) knows other GPUs). None when the
-        peak is unknown (None or 0: CPU, MPS)."""
+        """Model FLOPs utilization: achieved FLOP/s over the device's peak_flops (nanoGPT's default: an A100's bf16
+        312 TFLOP/s; gpt/runtime/hardware.py's peak_flops(device) knows others); None when it is unknown (0 or None)."""
         if not peak_flops:
             return None
         flops_per_iter = self.flops_per_token() * self.config.block_size * fwdbwd_per_iter

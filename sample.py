@@ -1,7 +1,6 @@
 """Sample from a trained model (a checkpoint in out_dir) or from OpenAI's GPT-2 weights.
 $ python sample.py --out_dir=out-shakespeare-char
-$ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3
-"""
+$ python sample.py --init_from=gpt2-xl --start="What is the answer to life?" --num_samples=3"""
 from gpt.runtime import errors  # first: a mistake, or Ctrl-C while torch loads, is one line (gpt/runtime/errors.py)
 
 errors.install()

@@ -7,8 +7,7 @@ $ python train.py config/train_shakespeare_char.py --batch_size=32 --compile=Fal
 DDP on one node with 8 GPUs:
 $ torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2.py
 
-On several nodes: see docs/scaling.md. Every setting is explained in docs/configuration.md.
-"""
+On several nodes: see docs/scaling.md. Every setting is explained in docs/configuration.md."""
 import time
 
 _launch_time = time.time()  # for "N s since launch" in the log (private: not a setting)
@@ -129,8 +128,7 @@ if run.torchrun:
 
 
 def loader(split, stream):
-    """Sequential over shards, or random windows of train.bin/val.bin; checks the files first: every id within
-    the dataset's vocabulary (which the model's holds)."""
+    """Sequential over shards or random windows of train.bin/val.bin, every id checked to be in the vocabulary."""
     train = stream == 0  # an evaluation's batches are one process's on every rank (gpt/training/evaluation.py)
     return make_loader(run.data_dir, split, run.micro_batch if train else run.eval_batch, run.block_size, run.device,
                        run.vocab_size, run.token_dtype, run.seed, run.rank * train, run.world_size if train else 1,
@@ -208,12 +206,11 @@ def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
     exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it."""
     return saver.save(raw_model if not run.sharded else model, opt, run.sharded, name, run.keep_checkpoints,
-                      model_args=raw_model.config.checkpoint_args(), iter_num=iter_num,
-                      tokens=run.tokens_at(iter_num), best_val_loss=best_val_loss, config=dict(run.settings),
-                      scaler=scaler.state_dict(), train_loader=train_loader.state_dict(),
-                      dataset_meta=dict(run.meta) if run.meta else None, log_position=log.position(),
-                      elapsed=elapsed(), skipped_steps=nonfinite.skipped, wandb_run_id=state['wandb_run_id'],
-                      plan=run.record())
+                      model_args=raw_model.config.checkpoint_args(), iter_num=iter_num, tokens=run.tokens_at(iter_num),
+                      best_val_loss=best_val_loss, config=dict(run.settings), scaler=scaler.state_dict(),
+                      train_loader=train_loader.state_dict(), dataset_meta=dict(run.meta) if run.meta else None,
+                      log_position=log.position(), elapsed=elapsed(), skipped_steps=nonfinite.skipped,
+                      wandb_run_id=state['wandb_run_id'], plan=run.record())
 
 
 def evaluate(due):
@@ -328,8 +325,7 @@ while True:
     if step_graph is not None:
         loss_sum, grad_norm = step_graph.run(micro_batches())
     else:
-        loss_sum, grad_norm = step.train_step(model, opt, scaler, micro_batches(), run.micro_steps, ctx,
-                                              run.grad_clip)
+        loss_sum, grad_norm = step.train_step(model, opt, scaler, micro_batches(), run.micro_steps, ctx, run.grad_clip)
     grad_norm = float(grad_norm)  # the same on every rank
     nonfinite.check(grad_norm, iter_num, saver.last_good, run.master)
 

@@ -1,15 +1,13 @@
-"""Fast generation (docs/generation.md): a key/value cache of fixed shape and the one-token decode step on it, captured
-on CUDA once as a CUDA graph and replayed for every token; and generate(), GPT.generate's decoding loop. A graph needs
-fixed shapes and addresses and no value read back on the CPU: hence the preallocated cache, the position as a tensor on
-the device, and attention over the cache's whole capacity with a mask."""
+"""Fast generation (docs/generation.md): a fixed-shape key/value cache and the one-token decode step on it, captured
+once as a CUDA graph and replayed every token; and GPT.generate's loop. A graph needs fixed shapes and addresses, no CPU
+read-back: hence the preallocated cache, the position a device tensor, and masked attention over the whole cache."""
 import torch
 from torch.nn import functional as F
 
 
 class KVCache:
-    """Keys and values of every layer for up to `capacity` positions (only the key/value heads, with GQA),
-    preallocated, so that one more token runs the model on one position instead of the whole context (a
-    forward attends over all `capacity` slots, each token to those at or before its own)."""
+    """Keys and values of every layer (only the key/value heads, with GQA) for up to `capacity` positions, preallocated:
+    one more token runs the model on one position, attending over all slots up to its own."""
 
     def __init__(self, n_layer, capacity, device):
         self.kv = [None] * n_layer  # per layer, keys and values by position: (B, capacity, 2, n_kv_head, head_size)
@@ -39,17 +37,15 @@ class KVCache:
 
 
 def uses_graphs(model, device, cuda_graphs=True):
-    """Whether generate() replays the decode step from a CUDA graph: asked for (cuda_graphs), on CUDA, in eval
-    mode (dropout draws random numbers), and outside a distributed run (under FSDP each forward all-gathers the
-    weights; samples taken during training are not where speed matters)."""
+    """Whether generate() replays the decode step from a CUDA graph: asked for, on CUDA, in eval mode (dropout draws
+    random numbers), and outside a distributed run (under FSDP each forward all-gathers the weights)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     return cuda_graphs and torch.device(device).type == "cuda" and not model.training and not distributed
 
 
 class Decoder:
-    """Runs a model on a KVCache: the prompt once (prefill, of any length, eagerly), then one token a
-    step. With graphs the step is captured the first time and replayed after; otherwise it runs eagerly,
-    the same code on the same buffers (so the CPU tests check the logic the graph replays)."""
+    """Runs a model on a KVCache: the prompt once (prefill, eagerly), then one token a step, captured once and replayed
+    with graphs, else eager: the same code on the same buffers, which the CPU tests check."""
 
     def __init__(self, n_layer, batch_size, capacity, device, graphed, key=None, compiled=False):
         self.cache = KVCache(n_layer, capacity, device)
@@ -63,8 +59,7 @@ class Decoder:
         return model(idx, cache=self.cache)[0][:, -1]
 
     def step(self, model, token):
-        """Logits (B, vocab) after one more token (B, 1). With graphs this is the graph's own output
-        tensor, overwritten by the next step: read it, do not change it."""
+        """Logits (B, vocab) after one more token (B, 1); with graphs the graph's own output, not to be changed."""
         self.token.copy_(token)
         if self.step_model is None:
             # compiled for this one shape: fusing the small kernels makes a token faster, for a compile at
@@ -78,8 +73,7 @@ class Decoder:
         return self.logits
 
     def capture(self, model):
-        """Record one step as a CUDA graph, as torch.cuda.graphs' documentation does. Capturing runs
-        nothing, so the first replay then takes the step at the position the cache is at."""
+        """Record one step as a CUDA graph; capturing runs nothing, so the first replay takes the cache's next step."""
         pos = self.cache.pos.clone()
         # autocast's cache of cast weights would hand the graph copies that autocast frees on exit;
         # uncached, the casts are kernels of the graph (float32 weights: train.py's samples)
@@ -103,9 +97,8 @@ class Decoder:
 
 
 def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=False):
-    """A Decoder for this shape, graphed where uses_graphs says. A graphed one is kept on the model and reused
-    while nothing it captured changes (a capture costs a few steps, and sample.py asks for the same shape
-    num_samples times; `del model._decoder` frees it); eager ones hold no memory once generate() returns."""
+    """A Decoder for this shape, graphed where uses_graphs says; a graphed one stays on the model (`del model._decoder`
+    frees it), reused while nothing it captured changes (sample.py's num_samples runs)."""
     if not uses_graphs(model, device, cuda_graphs):
         return Decoder(model.config.n_layer, batch_size, capacity, device, graphed=False, compiled=compile_step)
     key = (batch_size, capacity, str(device), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
@@ -121,11 +114,10 @@ def decoder(model, batch_size, capacity, device, cuda_graphs=True, compile_step=
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, generator=None,
              vocab_limit=None, progress=None, top_p=None, eot=None, cuda_graphs=True, compile_step=False):
-    """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy; top_p: nucleus
-    sampling after top_k). vocab_limit keeps ids below the tokenizer's size when the model's vocabulary is
-    padded; progress() is called after each new token. With eot each sequence stops at its first new eot (its
-    later positions hold eot), and generation ends once all have (checked every 8 tokens: a wait for the GPU).
-    use_cache=False recomputes the whole sequence every token: the reference the cache must match."""
+    """Continue the sequences idx (B, T) by max_new_tokens tokens (temperature 0: greedy; top_p: nucleus sampling after
+    top_k). vocab_limit keeps ids below the tokenizer's size (a padded vocabulary); progress() is called after each new
+    token. With eot each sequence stops at its first new eot (later positions hold eot), and generation ends once all
+    have (checked every 8 tokens: a wait for the GPU). use_cache=False recomputes every token."""
     block_size, steps = model.config.block_size, None
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -177,8 +169,7 @@ def next_token(logits, temperature, top_k=None, top_p=None, generator=None):
 
 
 def top_p_filter(logits, top_p):
-    """logits (B, V) with -inf for every token outside the nucleus: the smallest set of the likeliest
-    tokens whose probabilities sum to top_p or more (the likeliest token always stays)."""
+    """logits (B, V), -inf outside the nucleus: the fewest likeliest tokens whose probabilities sum to top_p or more."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits.float(), dim=-1)
     # a token is out when the likelier ones before it already reach top_p
@@ -187,6 +178,5 @@ def top_p_filter(logits, top_p):
 
 
 def until_eot(ids, eot, start):
-    """A generated sequence up to its first end-of-text token after the prompt's `start` tokens (the eot
-    itself left out); the whole sequence when eot is None or never comes."""
+    """A generated sequence up to its first eot after the prompt's `start` tokens (eot left out), else all of it."""
     return ids if eot is None or eot not in ids[start:] else ids[:ids.index(eot, start)]

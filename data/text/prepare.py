@@ -20,8 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from gpt.data import dataset_dir
 from gpt.data.sources import COMPRESSED, make_out_dir, read_text, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta, dataset_tokenizer
-from gpt.runtime import errors
-from gpt.runtime.errors import UserError
+from gpt.runtime.errors import UserError, install
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
 TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")
@@ -35,8 +34,7 @@ def is_text_name(name):
 
 
 def text_files(inputs):
-    """The files of --input, in order: each file as given, each folder's text files (recursively, hidden
-    ones skipped) sorted by path."""
+    """The files of --input in order: each file as given, each folder's text files (recursively, not hidden) by path."""
     files = []
     for path in inputs:
         if os.path.isfile(path):
@@ -129,5 +127,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    errors.install()
+    install()
     main()

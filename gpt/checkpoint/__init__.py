@@ -113,8 +113,7 @@ def remove(path, what):
 
 
 def prune_checkpoints(folder, name, keep):
-    """Remove all but the last `keep` .pt files of name's kind (its name up to the first digit), by number, not
-    by name (tok900 comes before tok1000)."""
+    """Keep only the last `keep` .pt files of name's kind (name up to its first digit), by number: tok900 < tok1000."""
     kind = re.compile(re.escape(re.match(r"\D*", name).group()) + r"(\d+).*\.pt")
     copies = sorted((int(m.group(1)), f) for f in os.listdir(folder) if (m := kind.fullmatch(f)))
     for _, old in copies[:-keep]:
@@ -166,8 +165,7 @@ def divergence(iter_num, val_loss, best_val_loss, initial_val_loss):
 
 
 def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoint, checkpoint_interval):
-    """The checkpoints due at this step (`due`: schedule.due's answer): None for ckpt.pt, a file name for one kept
-    beside it (docs/checkpoints.md#when-checkpoints-are-written)."""
+    """The checkpoints due now (`due`: schedule.due's answer): None for ckpt.pt, a file name for one kept beside it."""
     if eval_only or iter_num == 0:
         return []
     saves = []
@@ -197,8 +195,7 @@ class Saver:
             self.initial_val_loss = resumed.get('initial_val_loss') or math.log(resumed['model_args']['vocab_size'])
 
     def record_eval(self, iter_num, val_loss, best_val_loss):
-        """Judge the weights by this evaluation (best_val_loss: the best before it); a new run's first is the
-        untrained model's."""
+        """Judge the weights by this eval (best_val_loss: the best before); a new run's first is the untrained one's."""
         if self.initial_val_loss is None and math.isfinite(val_loss):
             self.initial_val_loss = val_loss
         self.new_best = iter_num if val_loss < best_val_loss else self.new_best
@@ -207,7 +204,6 @@ class Saver:
             print(f"step {iter_num}: not saving a checkpoint: {self.diverged}")
 
     def to_save(self, *args):
-        """due's answer, or none while the weights are judged broken."""
         return [] if self.diverged else due(*args)
 
     def save(self, model, optimizer, sharded=False, name=None, keep=0, **state):

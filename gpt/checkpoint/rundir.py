@@ -1,6 +1,5 @@
 """The run's folder, out_dir: held by one run at a time, never shared by two runs' files, never written through a link
-(docs/checkpoints.md#one-run-per-out_dir). check() touches nothing; claim() makes, locks and (a new run) clears out_dir,
-and returns the Claim that guards every save."""
+(docs/checkpoints.md#one-run-per-out_dir). check() touches nothing; claim() makes, locks and (a new run) clears it."""
 import atexit
 import datetime
 import errno
@@ -88,8 +87,7 @@ def holder(out_dir):
 
 
 def claim(out_dir, fresh):
-    """Make out_dir ready for a run: made if need be, writable, locked, and (fresh) an earlier run's files moved
-    aside. Returns the Claim; a failure undoes it all."""
+    """Make out_dir ready: made, writable, locked, (fresh) an earlier run's files moved aside; a failure undoes all."""
     check(out_dir, fresh)
     held = Claim(out_dir)
     try:
@@ -245,7 +243,6 @@ def is_run_file(name):
 
 
 def earlier_run(out_dir):
-    """The names of an earlier run's files in out_dir."""
     return sorted(f for f in os.listdir(out_dir) if is_run_file(f))
 
 
@@ -261,8 +258,7 @@ def earlier_runs(out_dir):
 
 
 def set_aside(out_dir):
-    """Move an earlier run's files into out_dir/earlier-<date>-<time>/, saying so; returns that folder, or None
-    when there was nothing to move. A failure moves them back."""
+    """Move an earlier run's files into out_dir/earlier-<date>-<time>/ (back, if that fails); that folder, or None."""
     if not (names := earlier_run(out_dir)):
         return None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

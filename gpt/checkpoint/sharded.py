@@ -148,9 +148,8 @@ def load_train_state(path):
 
 
 def convert_sharded(out_dir):
-    """Turn out_dir's sharded checkpoint into one ckpt.pt beside it, in one process: weights and training state
-    (DCP keys the optimizer state by parameter name, not torch.optim's layout: it stays behind). Everything is
-    checked before the work. Returns the path written, or None when the save failed."""
+    """out_dir's sharded checkpoint as one ckpt.pt beside it, made in one process after every check: weights and
+    training state (the optimizer state, keyed by parameter name in DCP, stays behind). Returns the path, or None."""
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     path, target = sharded_checkpoint(out_dir, required=True), os.path.join(out_dir, 'ckpt.pt')

@@ -1,5 +1,4 @@
-"""The on-disk dataset format as training reads it (gpt/data/sources.py writes it), and finding a dataset's folder:
-docs/data.md#dataset-folders, docs/fineweb.md#shards."""
+"""The on-disk dataset format training reads (sources.py writes it), and finding a dataset's folder (docs/data.md)."""
 import glob
 import json
 import os
@@ -257,14 +256,12 @@ def check_output_file(path, option, make_folder=False):
 
 
 def dataset_label(dataset, data_dir=""):
-    """How messages name the data: the data_dir the user gave, else the dataset's name."""
     return f"data_dir {data_dir}" if data_dir else f"dataset '{dataset}'"
 
 
 def find_dataset(dataset, data_dir="", verbose=False, named=True):
-    """A dataset's folder (data_dir, or data/<dataset>), its metadata (None: GPT-2 BPE in uint16) and the
-    command that prepares it; one line if it is missing. verbose: print what it holds. named: whether the user
-    chose `dataset` (not the script's default, which says nothing of what a data_dir they gave should hold)."""
+    """A dataset's folder (data_dir, or data/<dataset>), its metadata (None: GPT-2 BPE in uint16) and its prepare
+    command; one line if missing. verbose: print what it holds; named: the user chose `dataset` (not a default)."""
     label = dataset_label(dataset, data_dir)
     if data_dir:  # the named dataset's script (else the choices), writing into the folder
         hint = f"{prepare_hint(dataset if named else '')} --out_dir={data_dir}"

@@ -64,9 +64,8 @@ def make_loader(data_dir, split, batch_size, block_size, device, vocab_size, dty
 
 
 class TokenFile:
-    """A token file mapped once for the run (docs/data.md#checks-before-training), with a descriptor of it so
-    that check() catches a change in place: reading past the end of a mapped file cut short would kill the
-    process (SIGBUS), not raise. was: the file's os.stat at the run's start, for a shard mapped in its turn."""
+    """A token file mapped once for the run, with a descriptor so that check() catches a change in place (reading past
+    the end of a mapped file cut short is a SIGBUS). was: its os.stat at the run's start (a shard's)."""
 
     def __init__(self, path, open_fn, was=None):
         self.path, self.tokens = path, open_fn(path)  # open_fn checks the file first: one line if it is bad

@@ -20,7 +20,6 @@ from gpt.runtime.files import atomic_write
 
 
 def _fitting(ids, dtype):
-    """ids as an array, after checking every id fits the storage dtype."""
     ids, limit = np.asarray(ids), np.iinfo(DTYPES[dtype]).max
     if ids.size and (ids.min() < 0 or ids.max() > limit):
         raise ValueError(f"token id {ids.max()} does not fit {dtype} (max {limit})")
@@ -67,7 +66,6 @@ def make_out_dir(path):
 
 
 def write_splits(out_dir, meta, train_ids, val_ids, note=""):
-    """train.bin and val.bin in meta's dtype, then meta.json (finish)."""
     for split, ids in (("train", train_ids), ("val", val_ids)):
         write_tokens(os.path.join(out_dir, f"{split}.bin"), ids, meta["dtype"])
     finish(out_dir, meta, len(train_ids), len(val_ids), note)
@@ -138,7 +136,6 @@ def read_text(path, encoding="utf-8", errors="strict"):
 # --- sources: local files and Hugging Face datasets (the scripts that read documents: fineweb, openwebtext)
 
 def add_document_options(parser, dataset, local_flags=("--local",)):
-    """The options of a script that reads documents (a hub dataset or --local files)."""
     parser.add_argument("--dataset", default=dataset, help="HF hub dataset id (its 'train' split)")
     parser.add_argument(*local_flags, dest="local", help="local file or folder to read instead of the hub")
     parser.add_argument("--text_column", default="text")
@@ -188,9 +185,8 @@ def import_datasets():
 
 
 def load_local_splits(path, num_proc=1, streaming=False):
-    """A prepare script's --local documents (docs/data.md#preparing-data) as (train, val) datasets.Datasets
-    in file order (IterableDatasets with streaming); val is None unless a save_to_disk folder has one. The
-    path exists: check_document_options said so."""
+    """A prepare script's existing --local documents (docs/data.md#preparing-data) as (train, val) datasets.Datasets in
+    file order (IterableDatasets with streaming); val is None unless a save_to_disk folder has one."""
     datasets = import_datasets()
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
         ds, val = datasets.load_from_disk(path), None

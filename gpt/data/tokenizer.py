@@ -202,9 +202,8 @@ def hf_meta(tokenizer_json, where="the tokenizer"):
 
 
 def folder_meta(init_from):
-    """The meta for a transformers model folder's tokenizer.json; None (GPT-2 BPE) for a hub name or a GPT-2
-    folder without one. Any other folder without one is a UserError: its ids mean nothing known, and GPT-2's
-    would index past its vocabulary. (gpt/training/plan.py's check_init_folder checks the folder first.)"""
+    """The meta of a transformers folder's tokenizer.json; None (GPT-2 BPE) for a hub name or a GPT-2 folder without
+    one. Any other folder without one is a UserError: its ids mean nothing known."""
     if not os.path.isdir(init_from):
         return None  # a hub name: gpt2, gpt2-medium, ...
     path = os.path.join(init_from, "tokenizer.json")
@@ -246,7 +245,6 @@ PROBE = "Hello, world! The 2 quick brown foxes jumped over 13 lazy dogs.\n  Inde
 
 
 def describe(meta):
-    """A tokenizer in words, from its meta (None: GPT-2 BPE)."""
     name = (meta or {}).get("tokenizer", "gpt2")
     if name == "char":
         return f"characters, {meta['vocab_size']} of them"
@@ -256,8 +254,7 @@ def describe(meta):
 
 
 def same_tokenizer(a, b):
-    """Whether two metas (None: GPT-2 BPE) tokenize alike (docs/checkpoints.md#tokenizers): True, False, or
-    None when that cannot be told (a tokenizer that cannot be loaded here)."""
+    """Whether two metas (None: GPT-2 BPE) tokenize alike: True, False, or None when that cannot be told here."""
     ka, kb = (a or {}).get("tokenizer", "gpt2"), (b or {}).get("tokenizer", "gpt2")
     if "char" in (ka, kb):
         return ka == kb and list(a.get("itos") or []) == list(b.get("itos") or [])

@@ -2,8 +2,7 @@
 Linear weights are its Conv1D weights, transposed), the llama family LlamaForCausalLM (ours stack by rows what Llama
 keeps apart - c_attn is [q; k; v], c_fc is [gate; up] - and our rotary embedding uses transformers' rotate_half layout,
 so no weight is permuted). Import works on model_args dicts and state dicts, so that model.py can call it without this
-module importing model.py back; transformers is imported inside the functions that use it: it is slow to import, and
-check_folder and refused_fields need none of it."""
+module importing model.py back; transformers, slow to import, is imported inside the functions that use it."""
 import dataclasses
 import json
 import logging
@@ -28,34 +27,30 @@ CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_
 # GPTConfig's architecture field: (GPT2Config field, LlamaConfig field), None where that family has none (the
 # row's comment says what happens); any other architecture field is refused unless at its default (refused_fields;
 # docs/export.md#every-setting-carried-or-refused)
-FIELDS = {
-    "family": ("model_type", "model_type"),  # 'gpt2' -> GPT2LMHeadModel, 'llama' -> LlamaForCausalLM
-    "block_size": ("n_positions", "max_position_embeddings"),
-    "vocab_size": ("vocab_size", "vocab_size"),
-    "n_layer": ("n_layer", "num_hidden_layers"),
-    "n_head": ("n_head", "num_attention_heads"),
-    "n_embd": ("n_embd", "hidden_size"),
-    "n_kv_head": (None, "num_key_value_heads"),  # gpt2: must be n_head (no grouped-query attention)
-    "mlp_hidden": ("n_inner", "intermediate_size"),
-    "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
-    "tie_embeddings": ("tie_word_embeddings", "tie_word_embeddings"),
-    "bias": (None, "attention_bias"),  # gpt2: always has biases (zeros export bias=False, and import as it);
-    #                                    llama: mlp_bias too, equal to attention_bias
-    "rope_theta": (None, "rope_theta"),  # llama: also rope_parameters['rope_theta'] (transformers 5)
-}
+FIELDS = {"family": ("model_type", "model_type"),  # 'gpt2' -> GPT2LMHeadModel, 'llama' -> LlamaForCausalLM
+          "block_size": ("n_positions", "max_position_embeddings"),
+          "vocab_size": ("vocab_size", "vocab_size"),
+          "n_layer": ("n_layer", "num_hidden_layers"),
+          "n_head": ("n_head", "num_attention_heads"),
+          "n_embd": ("n_embd", "hidden_size"),
+          "n_kv_head": (None, "num_key_value_heads"),  # gpt2: must be n_head (no grouped-query attention)
+          "mlp_hidden": ("n_inner", "intermediate_size"),
+          "norm_eps": ("layer_norm_epsilon", "rms_norm_eps"),
+          "tie_embeddings": ("tie_word_embeddings", "tie_word_embeddings"),
+          "bias": (None, "attention_bias"),  # gpt2: always has biases (zeros export bias=False, and import as it);
+          #                                    llama: mlp_bias too, equal to attention_bias
+          "rope_theta": (None, "rope_theta")}  # llama: also rope_parameters['rope_theta'] (transformers 5)
 # transformers fields that change the math but that our model computes one way only: export writes the
 # first value, import accepts the values listed and refuses any other with one error naming field and value
-FIXED = {
-    "gpt2": {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both GELU's tanh form, as ours
-             "scale_attn_weights": (True,),  # scores / sqrt(head size)
-             "scale_attn_by_inverse_layer_idx": (False,),  # and not also / (layer + 1)
-             "add_cross_attention": (False,)},  # a decoder alone
-    "llama": {"hidden_act": ("silu",),
-              "rope_type": ("default",),  # no rope scaling: linear, dynamic, yarn, llama3, ... are refused
-              "partial_rotary_factor": (1.0, None),  # every dimension rotates
-              "head_dim": ("hidden_size / num_attention_heads",),  # checked in _check_llama
-              "mlp_bias": ("= attention_bias",)},  # checked in _check_llama
-}
+FIXED = {"gpt2": {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # both GELU's tanh form, as ours
+                  "scale_attn_weights": (True,),  # scores / sqrt(head size)
+                  "scale_attn_by_inverse_layer_idx": (False,),  # and not also / (layer + 1)
+                  "add_cross_attention": (False,)},  # a decoder alone
+         "llama": {"hidden_act": ("silu",),
+                   "rope_type": ("default",),  # no rope scaling: linear, dynamic, yarn, llama3, ... are refused
+                   "partial_rotary_factor": (1.0, None),  # every dimension rotates
+                   "head_dim": ("hidden_size / num_attention_heads",),  # checked in _check_llama
+                   "mlp_bias": ("= attention_bias",)}}  # checked in _check_llama
 LLAMA_CHECKED = ("rope_type", "partial_rotary_factor", "head_dim", "mlp_bias")  # by _check_llama
 # transformers fields that do not change the logits (why each: docs/export.md#every-setting-carried-or-refused)
 IGNORED = {
@@ -112,13 +107,11 @@ def _key_map(cfg):
         pairs += [(ours + "ln_1.weight", [(theirs + "input_layernorm.weight", C)]),
                   (ours + "ln_2.weight", [(theirs + "post_attention_layernorm.weight", C)])]
         for kind in ("weight", "bias") if cfg.bias else ("weight",):
-            pairs += [
-                (ours + f"attn.c_attn.{kind}", [(theirs + f"self_attn.{p}_proj.{kind}", n)
-                                                for p, n in (("q", C), ("k", kv), ("v", kv))]),
-                (ours + f"attn.c_proj.{kind}", [(theirs + f"self_attn.o_proj.{kind}", C)]),
-                (ours + f"mlp.c_fc.{kind}", [(theirs + f"mlp.{p}_proj.{kind}", H) for p in ("gate", "up")]),
-                (ours + f"mlp.c_proj.{kind}", [(theirs + f"mlp.down_proj.{kind}", C)]),
-            ]
+            pairs += [(ours + f"attn.c_attn.{kind}", [(theirs + f"self_attn.{p}_proj.{kind}", n)
+                                                      for p, n in (("q", C), ("k", kv), ("v", kv))]),
+                      (ours + f"attn.c_proj.{kind}", [(theirs + f"self_attn.o_proj.{kind}", C)]),
+                      (ours + f"mlp.c_fc.{kind}", [(theirs + f"mlp.{p}_proj.{kind}", H) for p in ("gate", "up")]),
+                      (ours + f"mlp.c_proj.{kind}", [(theirs + f"mlp.down_proj.{kind}", C)])]
     return pairs
 
 

@@ -116,9 +116,8 @@ def _swap(new, path):
 
 @contextmanager
 def writing(export_dir):
-    """`with writing(export_dir) as folder:` write the export into `folder`, a new_folder beside export_dir (its
-    missing parents made), which replaces export_dir, MARKER added, when the block ends without an error. On an
-    error it is removed, with the parents made for it; a failure to write is one UserError line."""
+    """`with writing(export_dir) as folder:` the export goes into `folder`, a new_folder beside export_dir, which
+    replaces it (MARKER added) once the block succeeds, else is removed; a failure to write is one UserError line."""
     path = os.path.abspath(export_dir)
     parent, made, folder = os.path.dirname(path), [], None
     try:

@@ -23,20 +23,17 @@ SETTINGS = dict(
                            default=8000, doc="its port (0: any free port)"),
 )
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_static")
-FILES = {  # path -> (file in dashboard_static, content type)
-    "/": ("index.html", "text/html; charset=utf-8"),
-    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
-    "/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript; charset=utf-8"),
-    "/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8"),
-}
+FILES = {"/": ("index.html", "text/html; charset=utf-8"),  # path -> (file in dashboard_static, content type)
+         "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+         "/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+         "/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8")}
 MAX_CHUNK = 4 << 20  # bytes of log per answer: a long run's page catches up over a few requests
 POLLING_S = 3.0  # a page that asked for the log this recently is open (it asks every second)
 
 
 def read_rows(path, offset):
-    """The log's complete rows from byte `offset` on, at most MAX_CHUNK bytes of them: {offset: where the next
-    request starts, rows, more: whether there is more to read already, reset}. A log shorter than offset was cut
-    back by a resumed run (to its checkpoint): then the rows come from the start, with reset true: the page restarts."""
+    """The log's complete rows from byte `offset` on, MAX_CHUNK bytes at most: {offset: the next request's, rows, more:
+    more to read now, reset: the log was cut back by a resumed run, rows from the start}."""
     reset = False
     try:
         with open(path, "rb") as f:
@@ -135,8 +132,7 @@ class Server(http.server.ThreadingHTTPServer):
             return name in self.names
 
     def finish(self, timeout=5.0):
-        """The run is over: wait, at most `timeout` seconds, until every page still polling has read the log to
-        its end; then stop serving (docs/monitoring.md#live-dashboard)."""
+        """The run is over: wait up to `timeout` s for every polling page to read the log to its end, then stop."""
         end = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.pages_behind(end):
@@ -154,8 +150,7 @@ class Server(http.server.ThreadingHTTPServer):
 
 
 def make_server(out_dir, port=8000, host="127.0.0.1", training=False):
-    """The dashboard's server for out_dir, its port already taken (a port in use is a UserError now, before the
-    run changes anything), not yet serving: start() it."""
+    """The dashboard's server for out_dir, not yet serving, its port taken now: a port in use is a UserError."""
     try:
         return Server((host, port), out_dir, training)
     except (OSError, OverflowError) as e:  # in use, no such address; OverflowError: a port beyond 65535

@@ -1,7 +1,6 @@
-"""The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes, its rows and
-how a resume trims them in docs/checkpoints.md#the-training-log; with wandb_log=True every row also goes to Weights &
-Biases (docs/monitoring.md). Never written through a link (docs/checkpoints.md#links): rundir.py refuses one before the
-run starts, and O_NOFOLLOW here also catches one made since."""
+"""The run's machine-readable log, out_dir/log.jsonl: one JSON object per line, appended across resumes (which trim it:
+docs/checkpoints.md#the-training-log); with wandb_log=True every row also goes to Weights & Biases. Never written
+through a link: rundir.py refuses one before the run starts, and O_NOFOLLOW here also catches one made since."""
 import json
 import math
 import netrc
@@ -19,11 +18,9 @@ LOG_NAME = "log.jsonl"
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none (nor links a user makes without privileges)
 # wandb's names for the log's values where they differ, so that per-step and evaluation numbers never share
 # a chart (the step's loss is train/loss, the evaluation's estimate eval/train_loss); others keep their name
-WANDB_NAMES = {
-    "train": {"loss": "train/loss"},
-    "eval": {"train_loss": "eval/train_loss", "val_loss": "val/loss", "perplexity": "val/perplexity",
-             "hellaswag": "hellaswag/acc_norm", "hellaswag_acc": "hellaswag/acc"},
-}
+WANDB_NAMES = {"train": {"loss": "train/loss"},
+               "eval": {"train_loss": "eval/train_loss", "val_loss": "val/loss", "perplexity": "val/perplexity",
+                        "hellaswag": "hellaswag/acc_norm", "hellaswag_acc": "hellaswag/acc"}}
 
 
 class TrainLog:
@@ -114,10 +111,9 @@ class TrainLog:
 
     def end(self, step, tokens, start_step, start_tokens, seconds, launch_seconds, stopped=False,
             best_val_loss=None, checkpoint=None, best=None, next_command=None):
-        """The run is over (done, or stopped to be resumed): print its totals, checkpoints and next command, and
-        write them in an "end" row, the dashboard's sign that the run is no longer live. tokens: the total over every
-        launch (start_tokens: when this one started); checkpoint, best: (path, step) of the last checkpoint and of
-        the one holding the best val loss's weights, where known."""
+        """The run is over (done, or stopped to be resumed): print its totals, checkpoints and next command, and write
+        them in an "end" row (the dashboard's sign that the run is not live). tokens: the total over every launch
+        (start_tokens: when this one started); checkpoint, best: (path, step) of the last and of the best val loss's."""
         if not self.enabled:
             return
         launch = (f" (this launch: {step - start_step:,} steps, {tokens - start_tokens:,} tokens in "
@@ -208,8 +204,7 @@ def step_line(step, loss, lr, grad_norm, dt, tokens_per_iter, mfu, mem_gib, toke
 
 
 class Startup:
-    """Where a launch's time goes before its first step: parts timed one after another from the launch, printed
-    as one line and logged as one row when the first step starts."""
+    """Where a launch's time goes before its first step: parts timed one after another, said and logged at step 0."""
 
     def __init__(self, launch_time, imported_torch):
         self.launch, self.parts = launch_time, []
@@ -217,8 +212,7 @@ class Startup:
         self.part('other imports')
 
     def part(self, name, until=None):
-        """The time since the last part (until now, or `until`), as the part `name`; to the millisecond, as logged,
-        so that the line and the row round the same number."""
+        """The time since the last part (until now or `until`) as part `name`, in ms as logged: line and row agree."""
         self.parts.append((name, round((until or time.time()) - self.launch - sum(s for _, s in self.parts), 3)))
 
     def row(self):

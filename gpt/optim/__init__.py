@@ -4,15 +4,12 @@ from gpt.optim import muon
 from gpt.runtime.errors import UserError
 
 # train.py's `optimizer` setting: what trains the weights
-OPTIMIZERS = {
-    'adamw': "AdamW for every parameter (nanoGPT's)",
-    'muon': "Muon for the transformer blocks' matrices, AdamW for the rest (gpt/optim/muon.py)",
-}
+OPTIMIZERS = {'adamw': "AdamW for every parameter (nanoGPT's)",
+              'muon': "Muon for the transformer blocks' matrices, AdamW for the rest (gpt/optim/muon.py)"}
 KEPT = "its state (moments, Muon's momentum) is that optimizer's"  # why a resumed run keeps `optimizer`
 
 
 def check(name, parallelism):
-    """The optimizer setting, refused in one line where it cannot work."""
     if name not in OPTIMIZERS:
         raise UserError(f"unknown optimizer '{name}': use "
                         + " or ".join(f"'{k}' ({why})" for k, why in OPTIMIZERS.items()))
@@ -35,8 +32,7 @@ def build(model, chosen, device_type):
 
 def load_state(optimizer, state_dict):
     """A checkpoint's optimizer state (moments, step counts) in this run's optimizer, which keeps this run's
-    hyperparameters (torch's load_state_dict would bring back the saved run's: docs/checkpoints.md). Raises
-    ValueError where the state is another optimizer's (other groups)."""
+    hyperparameters (torch's load_state_dict would bring back the saved run's); ValueError for another optimizer's."""
     mine = [{k: v for k, v in group.items() if k != 'params'} for group in optimizer.param_groups]
     optimizer.load_state_dict(state_dict)
     for group, settings in zip(optimizer.param_groups, mine):

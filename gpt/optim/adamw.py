@@ -22,8 +22,7 @@ class AdamW(WithoutDynamo, torch.optim.AdamW):
 
 
 def configure(model, weight_decay, learning_rate, betas, device_type):
-    """nanoGPT's AdamW of the model's trainable parameters (GPT.configure_optimizers): every weight matrix and
-    embedding decays, biases and norm gains do not."""
+    """nanoGPT's AdamW of the trainable parameters: weight matrices and embeddings decay, biases and gains do not."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay_params, nodecay_params = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
     optim_groups = [dict(params=decay_params, weight_decay=weight_decay), dict(params=nodecay_params, weight_decay=0.0)]

@@ -1,10 +1,8 @@
-"""Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains,
-biases), as one torch optimizer: train.py schedules, clips, steps, saves and resumes it as it does AdamW, and
-the CUDA graph of gpt/training/stepgraph.py captures it.
-
-Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the nearest semi-orthogonal
-matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16, batched by
-shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why."""
+"""Muon for the transformer blocks' weight matrices, AdamW for the rest (embeddings, lm_head, norm gains, biases), as
+one torch optimizer: train.py schedules, clips, steps, saves and resumes it as it does AdamW, and the CUDA graph of
+gpt/training/stepgraph.py captures it. Muon (K. Jordan et al. 2024, kellerjordan.github.io/posts/muon): step along the
+nearest semi-orthogonal matrix U V^T to each matrix's momentum, found by a quintic Newton-Schulz iteration in bfloat16,
+batched by shape and shared over DDP's ranks (muon_shard): docs/speedrun.md#muon says why."""
 import math
 
 import torch
@@ -61,13 +59,11 @@ def orthogonalize(G, steps=5, dtype=torch.bfloat16):
 
 
 class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
-    """Param groups with 'muon': True take Muon steps; the others are handed to gpt/optim/adamw.py's AdamW,
-    which shares this optimizer's groups and state, so state_dict() and load_state_dict() hold both.
-
-    A Muon group's step size is group['lr'] * group['lr_scale']: train.py's schedule sets every group's
-    'lr' to the AdamW rate, and lr_scale (muon_lr / learning_rate) keeps Muon's rate in proportion. Its
-    'splits' (row counts) cut a fused matrix into the matrices it stands for (c_attn: q, k and v), each
-    orthogonalized on its own, as modded-nanogpt's separate q, k, v weights are."""
+    """Param groups with 'muon': True take Muon steps; the others are handed to adamw.py's AdamW, which shares this
+    optimizer's groups and state, so state_dict() and load_state_dict() hold both. A Muon group's step size is
+    group['lr'] * group['lr_scale']: the schedule sets every group's 'lr' to the AdamW rate; lr_scale (muon_lr /
+    learning_rate) keeps Muon's in proportion. Its 'splits' cut a fused matrix into the matrices it stands for (c_attn:
+    q, k and v), each orthogonalized on its own, as modded-nanogpt's separate q, k, v."""
 
     def __init__(self, muon_groups, adamw_groups, momentum=0.95, nesterov=True, ns_steps=5, fused=None, shard=True,
                  **adamw_args):
@@ -162,18 +158,16 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
     @staticmethod
     def _apply(targets, updates, lr, dtype):
-        """targets[i] -= lr * scale * updates[i], for a run of orthogonalized pieces of one shape (k, rows,
-        cols), scale = sqrt(max(1, rows / cols)): scaled as one stack in the parameters' dtype, then subtracted
-        by one multi-tensor op."""
+        """targets[i] -= lr * scale * updates[i], scale = sqrt(max(1, rows / cols)), for a run of orthogonalized pieces
+        (k, rows, cols): scaled as one stack in the parameters' dtype, subtracted by one multi-tensor op."""
         scale = math.sqrt(max(1.0, updates.size(-2) / updates.size(-1)))
         updates = updates.to(dtype, memory_format=torch.contiguous_format)  # the rows' own layout
         updates.mul_(lr * scale if scale != 1.0 else lr)
         torch._foreach_sub_(targets, list(updates.unbind(0)))
 
     def _orthogonalize_shared(self, stacked, steps):
-        """orthogonalize(stacked) as (result, pending all-gather or None): alone (or shard=False) all of it here;
-        under DDP this rank's run of ceil(k / world_size) matrices (the last padded with zeros, whose result is
-        zero), all-gathered into the whole stack."""
+        """orthogonalize(stacked) as (result, pending all-gather or None): all of it here alone (or shard=False); under
+        DDP this rank's ceil(k / world_size) matrices (the last padded with zeros), all-gathered."""
         if not (self.shard and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return orthogonalize(stacked, steps), None
         world, rank, k = dist.get_world_size(), dist.get_rank(), stacked.size(0)
@@ -188,10 +182,8 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
 
 def configure(muon_params, adamw_params, learning_rate, muon_lr, weight_decay, muon_weight_decay, betas,
               momentum, device_type, shard=True, scalars=(), scalar_lr=0.0, nesterov=True):
-    """The optimizer of optimizer='muon'. muon_params: [(weight, splits or None)], the blocks' matrices;
-    adamw_params: everything else (matrices and embeddings decay, 1-D parameters do not). With scalar_lr > 0
-    the `scalars` (learned_scalars) are an AdamW group of their own, its lr_scale scalar_lr / learning_rate as
-    Muon's groups; with 0 they train in the 1-D group, at learning_rate."""
+    """optimizer='muon': muon_params [(weight, splits or None)], the blocks' matrices; adamw_params the rest (1-D ones
+    undecayed). scalar_lr > 0 puts the `scalars` in an AdamW group of their own (lr_scale scalar_lr / learning_rate)."""
     if not 0 <= momentum < 1 or muon_lr <= 0 or scalar_lr < 0:
         raise UserError(f"muon_momentum must be in [0, 1), muon_lr positive and scalar_lr 0 or more (got {momentum}, "
                         f"{muon_lr}, {scalar_lr})")

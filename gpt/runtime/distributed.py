@@ -1,6 +1,5 @@
-"""How the model is spread over the processes torchrun starts: joining the process group, then DDP (a whole copy
-per GPU, through torch's wrapper or GradSync's hooks) or FSDP2 (parameters, gradients and optimizer state
-sharded). docs/scaling.md."""
+"""How the model is spread over the processes torchrun starts (docs/scaling.md): the process group, then DDP (a whole
+copy per GPU: torch's wrapper or GradSync's hooks) or FSDP2 (parameters, gradients and optimizer state sharded)."""
 import gc
 import os
 from datetime import timedelta
@@ -45,8 +44,7 @@ PARALLELISMS = ('ddp', 'fsdp')
 
 
 def check(parallelism, options, compile, torchrun):
-    """The parallelism and its options, refused in one line where they cannot work (before anything runs).
-    Returns the compile scope in effect: fsdp always compiles by block."""
+    """The parallelism and its options, refused in one line where they cannot work; returns the compile scope."""
     if parallelism not in PARALLELISMS:
         raise UserError(f"unknown parallelism '{parallelism}': use ddp (a whole copy per GPU) or fsdp (sharded)")
     if parallelism == "fsdp" and not torchrun:
@@ -65,7 +63,6 @@ def check(parallelism, options, compile, torchrun):
 
 
 def wrap_args(options):
-    """wrap()'s keyword arguments from the run's settings."""
     return dict(reduce_dtype=options['ddp_reduce_dtype'], bucket_mb=options['ddp_bucket_mb'],
                 bucket_view=options['ddp_bucket_view'], static_graph=options['ddp_static_graph'],
                 reshard_after_forward=options['fsdp_reshard_after_forward'], compile_scope=options['compile_scope'],
@@ -98,9 +95,8 @@ def launch(environ, gpus):
 
 
 def check_backend(backend, device_type):
-    """One line, before init_process_group (which fails later with a traceback, or on another rank), for a
-    backend this torch cannot start or that has nothing for the run's device. A backend is a name ('nccl',
-    'gloo', 'mpi', ... as this torch was built) or one per device ('cpu:gloo,cuda:nccl'); '' picks for you."""
+    """One line, before init_process_group (which fails later with a traceback, or on another rank), for a backend
+    (a name, or one per device: 'cpu:gloo,cuda:nccl') this torch cannot start or that has nothing for the device."""
     if not backend:
         return
     usable = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake") and dist.is_backend_available(b)]
@@ -145,9 +141,8 @@ def init_process(device, backend, timeout_minutes):
 
 def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, reduce_dtype="float32", bucket_mb=100.0,
          bucket_view=True, static_graph=True, reshard_after_forward=True, compile_scope="model", sync="wrapper"):
-    """The model as this process trains it: compiled (when `compile`), then wrapped for DDP, given a GradSync
-    (model.grad_sync, sync='hooks': no wrapper) or sharded. The options are SETTINGS' (wrap_args names them);
-    what each does: docs/scaling.md."""
+    """The model as this process trains it: compiled, then wrapped for DDP, given a GradSync (model.grad_sync,
+    sync='hooks': no wrapper) or sharded. The options are SETTINGS' (wrap_args names them): docs/scaling.md."""
     several = dist.is_available() and dist.is_initialized()
     check(parallelism, dict(compile_scope=compile_scope, ddp_reduce_dtype=reduce_dtype, ddp_bucket_mb=bucket_mb,
                             ddp_sync=sync), compile, several)  # the plan has checked them: callers of their own
@@ -156,8 +151,12 @@ def wrap(model, parallelism, device_type, local_rank, dtype, compile=False, redu
         if problem := several and static_graph and sync == "wrapper" and static_graph_problem(model):
             print(f"ddp_static_graph: off ({problem})")
         if compile and compile_scope == "blocks":
+            # regional compilation, each block in place (parameter names and the state dict stay): Dynamo's guards
+            # do not tie the code to one block's weights (parameters are inputs of inlined nn.Modules), so the first
+            # block's trace and kernels serve every block
             print(f"compiling one transformer block, reused by all {len(model.transformer.h)}...")
-            compile_blocks(model)
+            for block in model.transformer.h:
+                block.compile()
         elif compile:
             print("compiling the model... (takes a ~minute)")
             model = torch.compile(model)
@@ -220,17 +219,8 @@ def broadcast_weights(model):
         dist.broadcast(tensor.data, 0)
 
 
-def compile_blocks(model):
-    """Regional compilation: each block compiled in place (Module.compile: parameter names and the state dict
-    stay). Dynamo's guards do not tie the code to one block's weights (parameters are inputs of inlined
-    nn.Modules), so the first block's trace and kernels serve every block."""
-    for block in model.transformer.h:
-        block.compile()
-
-
 def bf16_allreduce_hook(group, bucket):
-    """DDP's communication hook for ddp_reduce_dtype='bfloat16' (docs/scaling.md): torch's bf16_compress_hook's
-    arithmetic, which also runs on gloo (CPU tests), where torch's refuses to."""
+    """DDP's hook for ddp_reduce_dtype='bfloat16': torch's bf16_compress_hook's arithmetic, which also runs on gloo."""
     group, buffer = group or dist.group.WORLD, bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
 
@@ -242,10 +232,9 @@ def bf16_allreduce_hook(group, bucket):
 
 
 class GradSync:
-    """ddp_sync='hooks' (docs/scaling.md#ddp_sync): DDP's averaging of the gradients without its wrapper. Each
-    trainable parameter's gradient is a view into a flat bucket of about bucket_mb (one dtype and device each,
-    parameters in reverse order, roughly as the backward pass completes them); on the micro-step that syncs, a
-    bucket's last gradient starts its all-reduce, buckets in order on every rank. wait() finishes them all."""
+    """ddp_sync='hooks': DDP's averaging of the gradients without its wrapper. Each trainable parameter's gradient is a
+    view into a flat bucket of about bucket_mb (parameters in reverse order, as the backward completes them); on the
+    micro-step that syncs, a bucket's last gradient starts its all-reduce, buckets in order on every rank."""
 
     def __init__(self, model, bucket_mb, reduce_dtype):
         self.world, self.sync, self.bf16 = dist.get_world_size(), True, reduce_dtype == "bfloat16"
@@ -320,11 +309,10 @@ def set_gradient_sync(model, sync):
 
 
 def finish():
-    """Leave the process group at the end of a run, all ranks together. train.py drops its DDP wrapper first:
-    the wrapper's reducer holds the group and gloo's last work, and freed only while Python shuts down, gloo
-    can abort a finished process ('terminate called without an active exception', SIGABRT, so torchrun
-    reports a failed run). It drops the step's CUDA graph too: NCCL's communicator, destroyed here, waits for
-    every graph that captured its calls to be freed, forever if one is still alive."""
+    """Leave the process group at the end of a run, all ranks together. train.py drops its DDP wrapper first: the
+    wrapper's reducer holds the group and gloo's last work, and freed only while Python shuts down, gloo can abort a
+    finished process (SIGABRT: torchrun reports a failed run). It drops the step's CUDA graph too: NCCL's communicator,
+    destroyed here, waits for every graph that captured its calls to be freed, forever if one is still alive."""
     gc.collect()  # the wrapper's reference cycles go now, while the interpreter is whole
     dist.barrier()  # no rank closes its connections while another still uses them
     dist.destroy_process_group()

@@ -1,7 +1,6 @@
-"""How a script ends on an exception (what users see: docs/configuration.md, docs/scaling.md): a mistake a user can
-fix is raised as UserError and printed as one line, `error: ...`, status 2, no traceback; Ctrl-C is
-`interrupted (Ctrl-C)` (130); a closed stdout pipe ends quietly with 141, as SIGPIPE would (`set -o pipefail`
-still sees the output was cut); anything else is a bug and keeps its traceback."""
+"""How a script ends on an exception: a mistake a user can fix is raised as UserError and printed as one line,
+`error: ...`, status 2, no traceback; Ctrl-C is `interrupted (Ctrl-C)` (130); a closed stdout pipe ends quietly with
+141, as SIGPIPE would (`set -o pipefail` still sees the output was cut); anything else is a bug with its traceback."""
 import json
 import os
 import select
@@ -26,9 +25,8 @@ class UserError(Exception):
 
 
 def on_failure(callback):
-    """Call `callback()` (what to put back: rundir.py's Claim.undo) if the script ends on an uncaught exception,
-    before its message is printed (so it stays the last line). Not atexit, which runs at every exit; a kill runs
-    neither, and what was set aside stays aside, named by the note that moved it."""
+    """Call `callback()` (rundir.py's Claim.undo) if the script ends on an uncaught exception, before its message is
+    printed, so that stays the last line. Not atexit, which runs at every exit; a kill runs neither."""
     _failure_callbacks.append(callback)
 
 
@@ -49,8 +47,7 @@ def _stdout_closed():
 
 
 def _torchrun_report(line):
-    """Under torchrun, the line into this worker's error file, where torchrun's failure summary reads it;
-    True on rank 0 (and outside torchrun): the process that prints it."""
+    """The line into this worker's torchrun error file (its failure summary shows it); True on rank 0 or alone."""
     if error_file := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         with suppress(OSError), atomic_write(error_file, "w") as f:  # else the summary says less
             # the layout torchrun's own @record writes, which its summary shows as the "traceback"
@@ -60,8 +57,7 @@ def _torchrun_report(line):
 
 
 def _other_rank():
-    """Whether this is a true torchrun rank other than 0; a half-set launch (RANK alone, RANK=x) is not, since
-    then there may be no rank 0 to say anything."""
+    """Whether this is a real torchrun rank but 0 (not a half-set launch, RANK alone: it may lack a rank 0 to speak)."""
     rank = os.environ.get("RANK", "")
     return all(os.environ.get(k) for k in TORCHRUN_VARIABLES) and rank.isdigit() and int(rank) != 0
 
@@ -124,9 +120,8 @@ def _like_a_new_worker():
 
 
 class ExitOnCtrlC:
-    """Ctrl-C exits at once, with the same line and status as the hook's, while the block runs: for `import
-    torch`, where a KeyboardInterrupt raised inside one of torch's C++ callbacks cannot unwind and aborts
-    the process (pybind11's "terminate called"). Nothing is yet changed that would need putting back."""
+    """Ctrl-C exits at once, with the hook's line and status, while the block runs: `import torch`, where a
+    KeyboardInterrupt raised inside torch's C++ callbacks cannot unwind and aborts the process ("terminate called")."""
 
     def __enter__(self):
         self.previous = signal.signal(signal.SIGINT, self._exit)

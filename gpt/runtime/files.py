@@ -62,8 +62,7 @@ def new_folder(path):
 
 
 def give_files_their_mode(folder):
-    """Every file in `folder` (a new_folder a library wrote into) gets the mode open() would give it: some
-    writers (safetensors) make theirs private."""
+    """Every file in `folder` gets the mode open() would give it: some writers (safetensors) make theirs private."""
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
         if os.path.isfile(path) and not os.path.islink(path):
@@ -71,7 +70,6 @@ def give_files_their_mode(folder):
 
 
 def nearest_existing(path):
-    """path, or the nearest folder above it that exists."""
     path = os.path.abspath(path) if not os.path.lexists(path) else path
     while not os.path.lexists(path):
         path = os.path.dirname(path)

@@ -13,11 +13,9 @@ INIT_DEVICES = (lambda v: v in ('cpu', 'device'), "'cpu' (nanoGPT's weights for 
                 "run's device: faster on a GPU, other weights for the seed)")
 # Dense bf16/fp16 tensor-core peak FLOP/s from the vendors' datasheets, matched against the device name.
 # First match wins, so more specific names come first. Override with peak_flops=... when yours is missing.
-PEAK_FLOPS = [
-    ("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12), ("B200", 2250e12),
-    ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12), ("L4", 121e12),
-    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
-]
+PEAK_FLOPS = [("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
+              ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("A10G", 70e12), ("A10", 125e12), ("L40S", 362e12),
+              ("L4", 121e12), ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12)]
 
 
 def peak_flops(device):
@@ -80,13 +78,11 @@ def for_generation(model, device_type, dtype):
 
 
 def attention_kernels(cudnn):
-    """Whether F.scaled_dot_product_attention may pick cuDNN's kernel (False: flash attention, the same math,
-    without cuDNN's kernel builds at a cold launch: docs/records/2026-11-27-speedrun.md)."""
+    """Whether SDPA may pick cuDNN's kernel (False: flash attention, the same math, without cuDNN's slow cold start)."""
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
 def compile_problem(device_type):
-    """Why torch.compile cannot work here, or None when it can."""
     if not torch._dynamo.is_dynamo_supported():
         return "torch.compile is not supported on this Python/platform"
     if device_type == "mps":

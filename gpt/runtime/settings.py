@@ -1,7 +1,6 @@
-"""Every setting is declared once, beside the code that owns it, as a Setting: its default, the values that make
-sense, one line of documentation, when it does nothing and what a resumed run does with it. --help, the tables
-of docs/configuration.md, the checks, the notes and the resume rules all come from the declarations
-(docs/configuration.md#every-setting says how to declare one)."""
+"""Every setting is declared once, beside the code that owns it, as a Setting: its default, the values that make sense,
+one line of documentation, when it does nothing and what a resumed run does with it. --help, the tables of
+docs/configuration.md, the checks, the notes and the resume rules all come from the declarations."""
 import os
 import re
 from dataclasses import dataclass
@@ -65,8 +64,7 @@ BATCH_LIST = (lambda v: all(b.strip().isdigit() and int(b) > 0 for b in v.split(
 
 
 def comments(source):
-    """{name: comment} of the lines `name = value  # comment` and `name: note = value  # comment` of a source:
-    a setting's documentation is the comment on its line."""
+    """{name: comment} of a source's lines `name = value # comment` and `name: note = value # comment`."""
     found = {}
     for line in source.splitlines():
         if m := re.match(r"\s*(\w+)\s*(:.*?)?=[^#]*#\s*(.+)$", line):
@@ -75,8 +73,7 @@ def comments(source):
 
 
 def check(config, declarations):
-    """A value of the right type that makes no sense (a negative rate, dropout 1.5, a port beyond 65535) is one
-    `error:` line, before any work."""
+    """A value of the right type that makes no sense (a negative rate, dropout 1.5) is one `error:` line."""
     for key, s in declarations.items():
         if s.check and key in config and not s.check[0](config[key]):
             raise UserError(f"{key}={config[key]!r} makes no sense: {key} must be {s.check[1]}")
@@ -91,8 +88,7 @@ def notes(config, declarations):
 
 
 def resume_groups(declarations):
-    """{RUN: [names], TRAINING: [names], MODEL: [names], 'kept': {name: why}}: what a resumed run does with each
-    setting."""
+    """{RUN: [names], TRAINING: [names], MODEL: [names], 'kept': {name: why}}: what a resumed run does with each."""
     groups = {RUN: [], TRAINING: [], MODEL: [], 'kept': {}}
     for key, s in declarations.items():
         if s.resume.startswith('kept: '):

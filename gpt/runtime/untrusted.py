@@ -36,13 +36,11 @@ def safe_load(path):
         if "weights_only" in text or "WeightsUnpickler" in text:  # refused for another reason than a class
             detail = re.search(r"WeightsUnpickler error:\s*([^.\n]+)", text)  # e.g. Unsupported operand 105
             raise UserError(f"{path} is unsafe, not loaded: it holds more than tensors and plain data"
-                            + (f" ({detail.group(1).strip()[:200]})" if detail else "")
-                            + ", and loading that could run code; if you trust the file, re-save it with only "
-                              "tensors and plain data")
+                            + (f" ({detail.group(1).strip()[:200]})" if detail else "") + ", and loading that could "
+                            "run code; if you trust the file, re-save it with only tensors and plain data")
         reason = text.strip().splitlines()[0] if text.strip() else type(e).__name__
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupted): {reason[:200]}")
 
 
 def first_non_finite(state_dict):
-    """The name of a state dict's first floating-point tensor that holds NaN or inf, or None."""
     return next((k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)

@@ -1,5 +1,4 @@
-"""Evaluation during training (train.py): the mean loss of each split over fixed batches, averaged over the
-DDP ranks, and a few sampled continuations of a prompt."""
+"""Evaluation during training: each split's mean loss over fixed batches, over all ranks, and a few samples."""
 import sys
 import time
 
@@ -11,11 +10,7 @@ from gpt.generation import until_eot
 from gpt.monitor.trainlog import duration
 from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
-
-def _no_samples(c):
-    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
-
-
+_no_samples = lambda c: c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
 # train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
     sample_interval=Setting(NOT_NEGATIVE, default=0, doc="print samples every N steps and at the end (0: off)"),
@@ -46,11 +41,10 @@ def all_ranks_mean(value, device):
 
 @torch.no_grad()
 def estimate_loss(model, loader, eval_iters, ctx, device, stop=None, forward=None):
-    """Mean loss over eval_iters batches of each split, from loader(split): the same batches at every evaluation
-    and on any number of processes, rank r of N evaluating batches r, r+N, ... (docs/monitoring.md#evaluations).
-    stop(), asked after each batch (on every rank alike: it may be a collective), abandons the evaluation:
-    the result is then None, never a partial mean. forward(X, Y), a batch's loss, replaces model(X, Y) under
-    ctx (gpt/training/stepgraph.py's EvalGraph)."""
+    """Mean loss over eval_iters batches of each split, from loader(split): the same batches at every evaluation and on
+    any number of processes, rank r of N evaluating batches r, r+N, ... (docs/monitoring.md#evaluations). stop(), asked
+    after each batch on every rank (it may be a collective), abandons the evaluation: the result is then None.
+    forward(X, Y), a batch's loss, replaces model(X, Y) under ctx (stepgraph.py's EvalGraph)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     rounds = -(-eval_iters // world)  # every rank runs as many forwards: FSDP gathers the weights in each
     out, progress = {}, Progress(2 * eval_iters, quiet=rank != 0)
@@ -105,9 +99,8 @@ class Progress:
 
 def draw_samples(model, tokenizer, prompt_ids, num_samples, max_tokens, ctx, device, seed, top_p=None,
                  stop_at_eot=True):
-    """num_samples continuations of prompt_ids (top_k 50, and nucleus sampling with top_p < 1), from a
-    generator of their own, so sampling never changes the training's random stream; the decoded texts, each
-    up to its first new end-of-text token where the tokenizer has one (and stop_at_eot)."""
+    """num_samples continuations of prompt_ids (top_k 50, nucleus sampling with top_p < 1) from a generator of their own
+    (the training's random stream is left alone), decoded, each up to its first new end-of-text token."""
     generator = torch.Generator(device=device).manual_seed(seed)
     eot = tokenizer.eot if stop_at_eot else None
     model.eval()

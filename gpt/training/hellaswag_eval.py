@@ -58,9 +58,8 @@ def _download(split, file):
 
 
 def load_examples(path=None, split="val"):
-    """HellaSwag's examples (dicts with ctx, endings, label, ...), from `path` when it names a file, else from
-    hellaswag_<split>.jsonl in the folder `path`, $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag, downloaded
-    there when missing. The val split holds 10,042; the test split has no labels."""
+    """HellaSwag's examples (dicts with ctx, endings, label) from the file `path`, else hellaswag_<split>.jsonl in the
+    folder `path`, $HELLASWAG_DIR or ~/.cache/nanogpt/hellaswag, downloaded if missing."""
     if split not in ("train", "val"):
         raise UserError(f"unknown HellaSwag split '{split}': use val or train (test has no labels)")
     file = path
@@ -101,10 +100,9 @@ def score(losses, mask):
 
 
 def _collate(rendered, n_rows, block_size, pad_multiple):
-    """One batch of n_rows rows (those past the examples' rows are padding): inputs (n_rows, T) and targets,
-    the next token over the endings and -1 elsewhere. A row's last token is only ever a target, so a row
-    may hold block_size + 1 tokens; a longer one loses its first tokens (the context is cut, the ending
-    kept). T is rounded up to pad_multiple so that a compiled model meets only a few shapes."""
+    """One batch of n_rows rows (past the examples': padding): inputs (n_rows, T) and targets, the next token over the
+    endings and -1 elsewhere. A row's last token is only a target, so a row may hold block_size + 1 tokens; a longer one
+    loses its first (the context is cut, the ending kept). T is rounded up to pad_multiple: few shapes to compile."""
     rows = []
     for tokens, mask, _ in rendered:
         lengths = mask.size(1) - mask.flip(1).argmax(1)  # every row ends with its ending
@@ -122,10 +120,9 @@ def _collate(rendered, n_rows, block_size, pad_multiple):
 
 def evaluate(model, examples, tokenizer, device, autocast_ctx, rank=0, world_size=1, batch_examples=8,
              pad_multiple=64, progress=False, stop=None):
-    """HellaSwag accuracy: dict(acc, acc_norm, n). Example i is scored by rank i % world_size, the counts summed
-    over the ranks. Pass the model without its DDP wrapper (a torch.compile'd one is fine): ranks run different
-    numbers of forwards (of _collate's few shapes). stop(), asked after each of the batches every rank runs (it
-    may be a collective), abandons the evaluation: the result is then None."""
+    """HellaSwag accuracy: dict(acc, acc_norm, n), example i scored by rank i % world_size. Pass the model without its
+    DDP wrapper (a compiled one is fine): ranks run different numbers of forwards. stop(), asked after each batch every
+    rank runs (it may be a collective), abandons it: the result is then None."""
     mine = examples[rank::world_size]
     common = -(-len(examples[world_size - 1::world_size]) // batch_examples)  # the last rank's count is the least
     # correct (acc), correct (acc_norm), examples: summed on the device, so the loop never waits for it

@@ -20,19 +20,16 @@ from gpt.training import schedule, stepgraph
 from model import ARCHITECTURE, GPT, INITIALISATION, RUNTIME, GPTConfig
 
 # OpenAI's GPT-2 checkpoints on the hub (their config.json), so that a plan needs no download
-GPT2_HUB = {
-    'gpt2': dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
-    'gpt2-medium': dict(n_layer=24, n_head=16, n_embd=1024),  # 350M params
-    'gpt2-large': dict(n_layer=36, n_head=20, n_embd=1280),  # 774M params
-    'gpt2-xl': dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M params
-}
+GPT2_HUB = {'gpt2': dict(n_layer=12, n_head=12, n_embd=768),  # 124M params
+            'gpt2-medium': dict(n_layer=24, n_head=16, n_embd=1024),  # 350M params
+            'gpt2-large': dict(n_layer=36, n_head=20, n_embd=1280),  # 774M params
+            'gpt2-xl': dict(n_layer=48, n_head=25, n_embd=1600)}  # 1558M params
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where the weights come from: kind 'scratch', 'resume' (checkpoint: the dict load_for_resume read) or
-    'pretrained' (weights: a local folder's state dict; None for a GPT-2 name: its weights are downloaded by
-    build_model, after every check, and model_args are the hub config's)."""
+    """Where the weights come from: kind 'scratch', 'resume' (checkpoint: load_for_resume's dict) or 'pretrained'
+    (weights: a folder's state dict; None for a GPT-2 name, downloaded by build_model after every check)."""
     kind: str
     name: str = ''
     model_args: dict = field(default_factory=dict)
@@ -72,9 +69,8 @@ def check_settings(c):
 
 
 def check_init_folder(init_from):
-    """init_from a folder: one that holds a transformers model (not a run's out_dir, not an empty one, its
-    config.json readable, each field of the type GPTConfig says), before anything reads its weights or
-    tokenizer. sample.py and hellaswag.py check theirs here too."""
+    """An init_from folder must hold a transformers model (not a run's out_dir; config.json readable, each field of
+    GPTConfig's type), checked before anything reads it. sample.py and hellaswag.py check theirs here too."""
     if os.path.isdir(init_from):
         hf.check_folder(init_from, {f.name: f.type for f in fields(GPTConfig)})
 
@@ -132,8 +128,7 @@ class RunPlan:
     settings: MappingProxyType  # every setting as the run uses it (the model's, the derived counts)
 
     def __getattr__(self, name):
-        """Every setting as the run uses it (run.eval_interval, run.muon_lr): the fields above are what the plan
-        decided beyond them."""
+        """Every setting as the run uses it (run.eval_interval); the fields above are what the plan decided besides."""
         if name != 'settings' and name in self.settings:
             return self.settings[name]
         raise AttributeError(f"the run plan has no {name!r}")
@@ -195,9 +190,8 @@ def make(config):
 
 def decide(config, src, meta, world_size, device, dtype, torchrun=False, rank=0, local_rank=0, data=('', '', ''),
            verbose=False):
-    """make()'s decisions, from what it found: src (source()'s answer), meta (the dataset's metadata; None:
-    GPT-2 BPE, nanoGPT's default), the processes, this one's device and the dtype. verbose: print how settings
-    in tokens became counts (total_batch_size, max_tokens, ...) and what is off here (compile, cuda_graph)."""
+    """make()'s decisions from what it found: src (source()'s answer), meta (None: GPT-2 BPE), the processes, this one's
+    device and the dtype. verbose: print how token settings became counts, and what is off here."""
     given = getattr(config, 'given', frozenset())
     device_type = device.split(':')[0]
     model = model_config(config, given, src, meta)
@@ -271,10 +265,9 @@ def config_line(run, config):
 
 
 def started(src, tokens_per_iter):
-    """(step, tokens trained on) where the run starts: 0 for a new one; a checkpoint's count, or for one that
-    does not record it (older ones, nanoGPT's), its steps at the rate its run recorded: its plan's, else its
-    config's batch (nanoGPT's gradient_accumulation_steps there counts every process's micro-steps, as
-    ours does), else this run's, said in a note."""
+    """(step, tokens trained on) where the run starts: 0 for a new one; a checkpoint's count, else its steps at the
+    rate its run recorded: its plan's, else its config's batch (nanoGPT's gradient_accumulation_steps there counts
+    every process's micro-steps, as ours does), else this run's, said in a note."""
     if src.kind != 'resume':
         return 0, 0
     ckpt = src.checkpoint or {}
@@ -293,7 +286,6 @@ def started(src, tokens_per_iter):
 
 
 def optimizer_settings(config, given, parallelism):
-    """The optimizer in effect and its hyperparameters, as the plan records them."""
     name = config['optimizer']
     if name == 'adamw' and 'muon_lr' in given and 'optimizer' not in given:
         raise UserError(f"muon_lr={config['muon_lr']} is set but the optimizer is AdamW: Muon is chosen with "
@@ -308,8 +300,7 @@ def optimizer_settings(config, given, parallelism):
 
 
 def check_prompt(prompt, meta, vocab_size):
-    """sample_prompt must encode in the dataset's tokenizer, into ids the model has: now, not at the first
-    sample, after hours of training."""
+    """sample_prompt must encode in the dataset's tokenizer into ids the model has: now, not after hours of training."""
     try:
         ids = get_tokenizer(dict(meta) if meta else None).encode(prompt)
     except (KeyError, ValueError, UserError) as e:
@@ -321,8 +312,7 @@ def check_prompt(prompt, meta, vocab_size):
 
 
 def check_resume(config, given, src):
-    """A resumed run that changes a setting its checkpoint's run decided (one declared kept(why)) is refused
-    in one line. The model's own fields are model_config's."""
+    """A resumed run changing a setting declared kept(why) is refused in one line (the model's fields: model_config)."""
     if src.kind != 'resume' or not src.run_config:
         return
     theirs = dict(src.run_config)
@@ -359,9 +349,8 @@ def model_config(config, given, src, meta):
 
 
 def new_vocab_size(meta):
-    """A new model's vocabulary: GPT-2's 50257 rounded up to 50304 (a multiple of 64, for faster matmuls) when
-    the data has no metadata; BPE vocabularies are rounded up likewise; a character vocabulary gets one id
-    more, which the data never holds: an exported model's end-of-text and padding token (docs/export.md)."""
+    """A new model's vocabulary: the data's (GPT-2's 50257 without metadata) rounded up to a multiple of 64 for faster
+    matmuls; a character vocabulary gets one more id instead, unused by the data: an export's end-of-text and pad."""
     if meta is None:
         return 50304
     if meta['tokenizer'] == 'char':
@@ -401,9 +390,8 @@ def refuse_ignored_initialisation(config, given, src, made_with):
 
 
 def build_model(plan, src, seed):
-    """The plan's model: new (the same initial weights on every rank), the checkpoint's weights (a sharded
-    checkpoint's are loaded once the model is sharded: checkpoint.restore), or the pretrained ones, downloaded
-    here for a GPT-2 name and cropped to the plan's block_size."""
+    """The plan's model: new (the same initial weights on every rank), the checkpoint's (a sharded one's load once the
+    model is sharded: checkpoint.restore), or pretrained (a GPT-2 name's downloaded here) and cropped."""
     device = plan.device if plan.settings.get('init_device') == 'device' else 'cpu'
     if src.kind == 'scratch':
         model = init_model(plan.model, seed, device)
@@ -427,10 +415,9 @@ def build_model(plan, src, seed):
 
 
 def init_model(model_config, seed=None, device='cpu'):
-    """A new GPT of model_config (a dict of GPTConfig's fields), its weights drawn on `device` from the seed
-    (None: from the random state as it is, which a seed leaves as it was). On the CPU a seed gives nanoGPT's
-    weights on any machine, slowly at GPT-2's size (every weight is drawn twice: torch's init, then GPT-2's);
-    on a GPU, quickly, from its own generator: the same distributions, other weights for the same seed."""
+    """A new GPT of model_config, its weights drawn on `device` from the seed (None: the random state as it is; a seed
+    leaves it as it was). On the CPU a seed gives nanoGPT's weights on any machine, slowly at GPT-2's size (every weight
+    is drawn twice: torch's init, then GPT-2's); on a GPU from its own generator: same distributions, other weights."""
     device = torch.device(device)
     on_device = device.type != 'cpu'
     # device_type is always named, since torch versions read None differently; with devices=[] no device's

@@ -19,8 +19,7 @@ def check_decay(learning_rate, min_lr, lr_schedule):
 
 def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule='cosine', lr_decay_frac=0.2,
            max_iters=None):
-    """The learning rate of step `it` (docs/configuration.md, lr_schedule), never 0 at step 0; 'none' is nanoGPT's
-    decay_lr=False: learning_rate at every step, without warm-up."""
+    """Step `it`'s learning rate, never 0 at step 0; 'none' (nanoGPT's decay_lr=False): learning_rate, no warm-up."""
     if lr_schedule == 'none':
         return learning_rate
     if it < warmup_iters:
@@ -42,9 +41,8 @@ def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters, lr_schedule=
 
 
 def split_batch(total_batch_size, gradient_accumulation_steps, batch_size, block_size, world_size, verbose=True):
-    """(micro_steps, micro_batch): the global batch (total_batch_size tokens, or nanoGPT's gradient_accumulation_steps
-    x batch_size sequences) shared equally by the world_size processes, each in the fewest equal micro-batches of
-    at most batch_size (docs/configuration.md, total_batch_size)."""
+    """(micro_steps, micro_batch): the global batch (total_batch_size tokens, else gradient_accumulation_steps x
+    batch_size sequences) shared equally by the processes, each in the fewest equal micro-batches up to batch_size."""
     if total_batch_size:
         if total_batch_size % block_size:
             lower = total_batch_size // block_size * block_size
@@ -126,10 +124,9 @@ def micro_batches(n):
 
 
 def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
-    """(max_iters, warmup_iters, lr_decay_iters) for a run's settings, each *_tokens one turned into steps
-    (docs/llama.md#token-budgets), counted from start: (step, tokens trained on) where a resumed run begins, whose
-    earlier launches may have had another batch. given: the keys the user set. Checks lr_schedule and
-    lr_decay_frac too."""
+    """(max_iters, warmup_iters, lr_decay_iters), each *_tokens setting turned into steps (docs/llama.md#token-budgets),
+    counted from start: (step, tokens trained on) where a resumed run begins, whose earlier launches may have had
+    another batch. given: the keys the user set. Checks lr_schedule and lr_decay_frac too."""
     lr_schedule, lr_decay_frac = config.get('lr_schedule', 'cosine'), config.get('lr_decay_frac', 0.2)
     if lr_schedule not in LR_SCHEDULES:
         raise UserError(f"unknown lr_schedule {lr_schedule!r}: use one of {', '.join(LR_SCHEDULES)}")
@@ -160,8 +157,7 @@ def iterations(config, tokens_per_iter, given, verbose=True, start=(0, 0)):
 
 
 def step_at(tokens, tokens_per_iter, start_iter=0, start_tokens=0):
-    """The first step after which `tokens` tokens are trained on: this launch's rate from where it starts,
-    or, for a count the earlier launches passed, their mean rate."""
+    """First step after which `tokens` are trained on: at this launch's rate, or before it the earlier ones' mean."""
     if tokens <= start_tokens:
         return math.ceil(tokens * start_iter / start_tokens)
     return start_iter + math.ceil((tokens - start_tokens) / tokens_per_iter)
@@ -184,7 +180,6 @@ def crossed(tokens, tokens_per_iter, every):
 
 
 class Due(NamedTuple):
-    """What a step does before it trains (see due())."""
     loss: bool  # evaluate the train/val loss
     hellaswag: bool  # evaluate HellaSwag
     samples: bool  # draw samples (not at step 0 of a training run: its weights are untrained)
@@ -195,10 +190,9 @@ class Due(NamedTuple):
 
 def due(iter_num, max_iters, eval_only, resumed_here, eval_interval, hellaswag_interval, sample_interval,
         tokens_per_iter, ckpt_every_tokens, checkpoint_interval=0, tokens=None, at_start=True):
-    """What is due at step iter_num, before it trains: each interval's multiples and the last step (all of
-    them with eval_only). A run resumed at this step skips it all: the run it resumes did it just before
-    saving; so does step 0 of a training run without at_start (eval_at_start=False). tokens: the tokens
-    trained on by step iter_num (default: iter_num steps of tokens_per_iter)."""
+    """What is due at step iter_num, before it trains: each interval's multiples and the last step (all with eval_only).
+    A run resumed at this step skips it all (its run did it before saving), as does step 0 without at_start
+    (eval_at_start=False). tokens: trained on by then (default iter_num * tokens_per_iter)."""
     tokens = iter_num * tokens_per_iter if tokens is None else tokens
     last = iter_num >= max_iters
     fresh = (not resumed_here and (at_start or iter_num > 0 or last)) or eval_only
@@ -216,7 +210,6 @@ DECAY_FRAC = (lambda v: 0 < v <= 1, "above 0 and at most 1 (the fraction of the 
 
 
 def in_effect(c):
-    """The schedule a run's settings give: 'none' with decay_lr=False (nanoGPT's constant rate)."""
     return c['lr_schedule'] if c['decay_lr'] else 'none'
 
 

@@ -1,7 +1,6 @@
-"""The training step: one function, which train.py and bench.py call and gpt/training/stepgraph.py captures, so a
-change to the step runs in all of them. It reads nothing back to the CPU (a NaN/inf gradient norm skips the
-update on the device, through fused optimizers' found_inf): that lets a CUDA graph capture it, and spares an
-eager step a CPU-GPU sync."""
+"""The training step: one function, which train.py and bench.py call and gpt/training/stepgraph.py captures, so a change
+runs in all of them. It reads nothing back to the CPU (a NaN/inf gradient norm skips the update on the device, through
+fused optimizers' found_inf): that lets a CUDA graph capture it, and spares an eager step a CPU-GPU sync."""
 import math
 
 import torch
@@ -38,8 +37,7 @@ def train_step(model, optimizer, scaler, batches, micro_steps, ctx, grad_clip):
 
 
 def update(optimizer, scaler, grad_norm):
-    """optimizer.step(), skipped where grad_norm is not finite (docs/checkpoints.md#numerical-faults says how);
-    optimizer.held (the CUDA graph's warm-up) skips every update."""
+    """optimizer.step(), skipped for a non-finite grad_norm (docs/checkpoints.md#numerical-faults) or optimizer.held."""
     held = getattr(optimizer, 'held', False)
     adamw = [g for g in optimizer.param_groups if not g.get('muon')]
     if scaler.is_enabled():
@@ -54,9 +52,8 @@ def update(optimizer, scaler, grad_norm):
 
 
 def set_lr(optimizer, lr):
-    """Every group's learning rate for this step: a tensor the CUDA graph reads (filled in place), or a number.
-    An AdamW group with an lr_scale (gpt/optim/muon.py's learned scalars) takes lr times it; Muon's groups take lr
-    and scale it in their own step."""
+    """Every group's learning rate for this step: a number, or a tensor the CUDA graph reads (filled in place). An AdamW
+    group with an lr_scale (muon.py's learned scalars) takes lr times it; Muon's scale it in their step."""
     for group in optimizer.param_groups:
         rate = lr if group.get('muon') else lr * group.get('lr_scale', 1.0)
         if isinstance(group['lr'], torch.Tensor):

@@ -10,9 +10,8 @@ from gpt.training.step import train_step
 
 
 class StepGraph:
-    """gpt/training/step.py's train_step over `accum` micro-batches (B, T) in fixed buffers. Made after the optimizer
-    has its state (or none yet) and before the first step; then run() every iteration. graphed=False runs the
-    same code eagerly on the same buffers, the way the CPU tests check it."""
+    """train_step (gpt/training/step.py) over `accum` micro-batches (B, T) in fixed buffers; made after the optimizer
+    has its state (or none yet), before the first step. graphed=False: the same code eagerly, as CPU tests run it."""
 
     def __init__(self, model, optimizer, ctx, grad_clip, accum, batch_size, block_size, device, graphed=True,
                  scaler=None, warmups=3):
@@ -41,9 +40,8 @@ class StepGraph:
             del self.optimizer.held
 
     def run(self, batches):
-        """One step on the accum micro-batches (X, Y) that `batches` yields, at the rate set_lr gave; returns
-        train_step's (mean loss, gradient norm). The iterator is finished after the replay is launched, so what
-        it does after its last batch (train.py reads the next step's) overlaps the GPU's work, as in an eager step."""
+        """One step on the accum micro-batches (X, Y) from `batches`: train_step's (mean loss, gradient norm). The
+        iterator is finished after the replay is launched: its work after the last batch overlaps the GPU's."""
         batches = iter(batches)
         for i in range(self.accum):
             X, Y = next(batches)
@@ -60,11 +58,10 @@ class StepGraph:
         return out
 
     def capture(self):
-        """Warm up, then record body() as torch.cuda.graphs' documentation does. The warm-up runs compile,
-        cuBLAS set-up and the optimizer's first-step state, but skips its updates and gives back the random
-        numbers it drew (dropout), so the run is the one it would be without the graph. The step ends with
-        zero_grad(set_to_none): in the graph, each replay's first backward writes the gradients afresh (GradSync's,
-        zeroed in place, add into the same buckets every replay, whose all-reduces the graph holds too)."""
+        """Warm up, then record body(). The warm-up runs compile, cuBLAS set-up and the optimizer's first-step state,
+        but skips its updates and gives back the random numbers it drew (dropout): the run is as without the graph. The
+        step ends with zero_grad(set_to_none): in the graph each replay's first backward writes the gradients afresh
+        (GradSync's, zeroed in place, add into the same buckets, whose all-reduces are in the graph)."""
         rng = torch.cuda.get_rng_state(self.x.device)
 
         def warm_up():
@@ -76,9 +73,8 @@ class StepGraph:
 
 
 class EvalGraph:
-    """The evaluations' forward, model(X, Y)'s loss under ctx, replayed from a graph of its own: eagerly, a small
-    model's forward waits on the CPU launching its kernels. Recorded at the first batch, in eval mode; a replay
-    reads the weights as they are then, so one graph serves every evaluation. It keeps one forward's memory."""
+    """The evaluations' forward, model(X, Y)'s loss under ctx, replayed from a graph of its own: eagerly a small model
+    waits on the CPU launching kernels. Recorded at the first batch, in eval mode; one graph serves every evaluation."""
 
     def __init__(self, model, ctx, warmups=1):
         self.model, self.ctx, self.warmups, self.graph, self.x = model, ctx, warmups, None, None
@@ -115,10 +111,8 @@ def record(warm_up, body, device):
 
 
 def problem(device_type, distributed, dtype, activation_checkpointing):
-    """Why the step cannot be a graph here (None if it can): it needs a CUDA GPU, under torchrun
-    (distributed: (parallelism, ddp_sync, backend)) GradSync's collectives over NCCL, no GradScaler (its
-    checks read values back on the CPU) and no activation checkpointing (it saves and restores the random
-    state on the CPU)."""
+    """Why the step cannot be a graph here, or None: it needs a CUDA GPU, under torchrun (distributed: (parallelism,
+    ddp_sync, backend)) GradSync's collectives over NCCL, no GradScaler and no activation checkpointing."""
     if device_type != 'cuda':
         return f"needs a CUDA GPU, not {device_type}"
     parallelism, sync, backend = distributed or ('', '', '')
