@@ -1,7 +1,7 @@
 """gpt/kernels/layer_norm.py: LayerNorm's Triton kernels compute what F.layer_norm computes, the input's gradient and
-the weight's and bias's, on the CPU under Triton's interpreter (a fresh process, as tests/test_fused_qk.py's); on a
-GPU, a model with fused_norm trains as the plain one (pytest -m cuda). And the plan keeps fused_norm only where
-it runs."""
+the weight's and bias's, and a model trains with them as without, on the CPU under Triton's interpreter (a fresh
+process, as tests/test_fused_qk.py's); on a GPU, a bf16 model's step with fused_norm is the plain one's (pytest -m
+cuda). And the plan keeps fused_norm only where it runs."""
 import pytest
 import torch
 from conftest import needs_triton, run_interpreted, same_bf16_training
@@ -40,6 +40,41 @@ print("ok")
 @needs_triton
 def test_kernels_compute_layer_norms_values_and_gradients():
     run_interpreted(COMPARE)
+
+
+# a model trained 30 steps with the kernels (run on the CPU here) and without, the same seed and batches: float32
+# on the CPU is deterministic, so any difference is the kernels' own
+TRAINING = r"""
+import torch
+from gpt.kernels import dispatch
+from model import GPT, GPTConfig
+dispatch.runs_on = lambda x: True
+data = (torch.arange(20000) * 7 + torch.arange(20000) // 13) % 65  # a pattern the model learns
+losses = []
+for fused in (False, True):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, block_size=32, vocab_size=65, bias=True, fused_norm=fused))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    losses.append([])
+    for step in range(30):
+        ix = torch.randint(0, len(data) - 33, (8,), generator=g)
+        x, y = (torch.stack([data[i + k:i + k + 32] for i in ix]) for k in (0, 1))
+        loss = model(x, y)[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses[-1].append(loss.item())
+plain, fused = losses
+assert plain[-1] < plain[0] - 2, plain  # it trained
+assert max(abs(a - b) for a, b in zip(plain, fused)) < 1e-5, (plain, fused)
+print("ok")
+"""
+
+
+@needs_triton
+def test_a_model_trains_with_the_kernels_as_without_them():
+    run_interpreted(TRAINING)
 
 
 def test_the_plan_keeps_fused_norm_only_where_it_runs(capsys):
