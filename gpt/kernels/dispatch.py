@@ -33,8 +33,8 @@ def qk_kernel(q):
 
 
 def norm_kernel(x):
-    """layer_norm (gpt/kernels/layer_norm.py's kernels) where it runs for the input x, else None (Triton: as
-    qk_kernel)."""
+    """layer_norm (gpt/kernels/layer_norm.py's kernels) where it runs for the input x, else None. Triton is not
+    checked here: the run plan turns fused_norm off without it."""
     return layer_norm if runs_on(x) else None
 
 
@@ -103,8 +103,8 @@ def compile_ahead(compilers, cfg, batch_sizes, dtype, device, compiled):
     ahead.send(compilers, specs, target and (target.arch, target.warp_size))
     # precompile's loads need Triton's cache key, a hash of its 400 MB library that runs without the GIL: hashed
     # while the compilers work (twice at worst, never wrong); a Triton without the function hashes it then
-    with contextlib.suppress(ImportError):
-        if specs:
+    if specs:
+        with contextlib.suppress(ImportError):
             from triton.runtime.cache import triton_key
             threading.Thread(target=triton_key, daemon=True).start()
 
