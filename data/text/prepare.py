@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from gpt.data import dataset_dir
 from gpt.data.sources import COMPRESSED, make_out_dir, read_text, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta, dataset_tokenizer
-from gpt.runtime.errors import UserError, install
+from gpt.runtime import errors
+from gpt.runtime.errors import UserError
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
 TEXT_EXTENSIONS = (".txt", ".md", ".markdown", ".rst", ".text", ".tex", ".org", ".adoc")
@@ -127,5 +128,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    install()
+    errors.install()
     main()

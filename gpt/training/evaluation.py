@@ -10,7 +10,11 @@ from gpt.generation import until_eot
 from gpt.monitor.trainlog import duration
 from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
-_no_samples = lambda c: c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
+
+def _no_samples(c):
+    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
+
+
 # train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
     sample_interval=Setting(NOT_NEGATIVE, default=0, doc="print samples every N steps and at the end (0: off)"),
