@@ -108,7 +108,9 @@ def run(script, *args, check=True, nproc=1, env=None, cwd=ROOT, timeout=300, fre
     extra_env = env
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
     if not fresh and forkserver.usable(script, nproc, extra_env, cwd, ROOT, check):
-        r = (forkserver.run([script, *args], cwd, env, timeout) if nproc == 1 else
+        hf = not extra_env and forkserver.reads_transformers(script, args, cwd)
+        r = (forkserver.run([script, *args], cwd, env, timeout, preload=forkserver.TRANSFORMERS if hf else "")
+             if nproc == 1 else
              forkserver.run_torchrun(script, args, nproc, cwd, env, timeout))
     else:
         launcher = [*TORCHRUN, f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]

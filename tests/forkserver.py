@@ -33,6 +33,10 @@ import threading
 SERVER = r"""
 import json, os, select, sys
 import numpy, torch  # what every launch would import first
+import contextlib, io
+preloaded = io.StringIO()  # what importing PRELOAD printed, which each child prints as its own import would
+with contextlib.redirect_stdout(preloaded), contextlib.redirect_stderr(preloaded):
+    exec(sys.argv[1])
 
 def child(request):
     os.setpgid(0, 0)  # its own process group: a timeout kills it and whatever it started
@@ -44,6 +48,7 @@ def child(request):
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    sys.stderr.write(preloaded.getvalue())
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -110,10 +115,10 @@ class Launch:
 class ForkServer:
     """One server process (started at the first launch), shared by the calling process's threads."""
 
-    def __init__(self, env):
+    def __init__(self, env, preload=""):
         self.env = dict(env)
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=self.env, text=True, bufsize=1)
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=self.env, text=True, bufsize=1)
         self.lock = threading.Lock()
         self.waiting = {}  # id -> Launch
         self.next_id = 0
@@ -158,8 +163,21 @@ class ForkServer:
                 return subprocess.CompletedProcess([sys.executable, *argv], launch.status, f_out.read(), f_err.read())
 
 
-_server = None
+_servers = {}  # preload -> ForkServer
 _server_lock = threading.Lock()
+
+# a launch that reads or writes a transformers folder imports transformers' model classes, ~4 s of CPU each time on
+# CI's cores: those launches fork from a second server that has imported them. Hugging Face's libraries read their
+# variables as they are imported, so only a launch with no variables of its own goes there (the server's are the
+# tests' own); and only a script that would import them anyway, since a fork cannot unimport them.
+TRANSFORMERS = ("from transformers import AutoConfig, GPT2LMHeadModel, LlamaForCausalLM, PreTrainedTokenizerFast\n"
+                "from transformers.utils import cached_file")
+
+
+def reads_transformers(script, args, cwd):
+    """export.py (it writes a transformers folder), or a script given a folder as --init_from."""
+    folder = next((str(a).split("=", 1)[1] for a in args if str(a).startswith("--init_from=")), "")
+    return os.path.basename(str(script)) == "export.py" or bool(folder) and os.path.isdir(os.path.join(cwd, folder))
 
 
 # variables that neither numpy nor torch reads as it is imported (the libraries that do, Hugging Face's, are
@@ -176,15 +194,15 @@ def usable(script, nproc, extra_env, cwd, root, check=True):
             and str(script).endswith(".py") and path.startswith(os.path.abspath(root) + os.sep))
 
 
-def run(argv, cwd, env, timeout, module=None, script=None):
+def run(argv, cwd, env, timeout, module=None, script=None, preload=""):
     """The script (argv[0]) with its arguments, or `python -m module` with argv as its sys.argv and `script` the
-    one it runs, forked from the server (made at the first call with `env`)."""
-    global _server
+    one it runs, forked from the server that has run `preload` (made at its first call with `env`)."""
     with _server_lock:
-        if _server is None or _server.proc.poll() is not None:
-            _server = ForkServer(env)
+        server = _servers.get(preload)
+        if server is None or server.proc.poll() is not None:
+            server = _servers[preload] = ForkServer(env, preload)
     path0 = os.path.dirname(os.path.abspath(os.path.join(str(cwd), str(script or argv[0]))))
-    return _server.run([str(a) for a in argv], cwd, env, timeout, module, path0)
+    return server.run([str(a) for a in argv], cwd, env, timeout, module, path0)
 
 
 def run_torchrun(script, args, nproc, cwd, env, timeout):
