@@ -77,6 +77,10 @@ def child(request):
             code = e.code
     sys.exit(code)
 
+# what is imported now, out of the collector's sight: a child's exit (its interpreter's finalization, whose last
+# collection would otherwise walk all of torch's objects and copy every page they sit on) takes 0.3 s, not 0.8 s
+import gc
+gc.freeze()
 requests = os.fdopen(0, "rb", buffering=0)
 replies = os.fdopen(1, "w", buffering=1)
 buffer, children = b"", {}
