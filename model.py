@@ -123,8 +123,8 @@ class GPTConfig:
     def settings(cls):
         """The fields beyond nanoGPT's, the loss's and norm_eps (the model switches train.py takes besides n_layer,
         n_head, ...) as Settings; a resumed or pretrained model keeps its architecture and initialisation (plan.py)."""
-        with open(inspect.getsourcefile(cls), encoding='utf-8') as f:  # not getsource, which parses the whole file
-            source = f.read()  # (a fifth of a second at every launch, on a small CPU)
+        with open(inspect.getsourcefile(cls), encoding='utf-8') as f:  # not getsource: it parses the whole file,
+            source = f.read()  # at every launch
         docs = comments(source[source.index(f'\nclass {cls.__name__}'):])  # the fields' own lines come first
         return {f.name: Setting(f.metadata.get('check', ()), RUN if f.metadata['kind'] == RUNTIME else MODEL,
                                 default=f.default, doc=docs.get(f.name, ''))

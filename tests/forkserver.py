@@ -7,7 +7,8 @@ process per test worker imports them once; each launch is a fork of it that runs
 interpreter would: its argv, working folder, environment and sys.path[0], the script as __main__, stdout and
 stderr in files, stdin empty, an uncaught exception through sys.excepthook (whose SystemExit sets the status,
 as gpt/runtime/errors.py's does) and the interpreter's own exit (atexit, finalization). The caller gets a
-subprocess.CompletedProcess, as from subprocess.run.
+subprocess.CompletedProcess, as from subprocess.run. (A second server, for launches that read or write a
+transformers folder, has imported transformers' model classes too: TRANSFORMERS below.)
 
 A torchrun run expected to succeed is forked too: torchrun itself runs in the fork, and its workers are forks
 of it (run_torchrun), so neither the launcher nor a worker imports torch again.
@@ -34,7 +35,7 @@ SERVER = r"""
 import json, os, select, sys
 import numpy, torch  # what every launch would import first
 import contextlib, io
-preloaded = io.StringIO()  # what importing PRELOAD printed, which each child prints as its own import would
+preloaded = io.StringIO()  # what the preload (argv[1]) printed as it imported, which each child prints on stderr
 with contextlib.redirect_stdout(preloaded), contextlib.redirect_stderr(preloaded):
     exec(sys.argv[1])
 
@@ -77,8 +78,8 @@ def child(request):
             code = e.code
     sys.exit(code)
 
-# what is imported now, out of the collector's sight: a child's exit (its interpreter's finalization, whose last
-# collection would otherwise walk all of torch's objects and copy every page they sit on) takes 0.3 s, not 0.8 s
+# what is imported now, out of the collector's sight: a child's exit, its interpreter's finalization, then does not
+# walk all of torch's objects in its last collection and copy every page they sit on (most of a small launch's time)
 import gc
 gc.freeze()
 requests = os.fdopen(0, "rb", buffering=0)
