@@ -61,6 +61,7 @@ always_save_checkpoint: Setting(unused=settings.by_interval) = True  # if True, 
 checkpoint_interval: Setting(schedule.CHECKPOINT_INTERVAL) = 0  # save every N steps (0: at evaluations; -1: never)
 keep_checkpoints: Setting(NOT_NEGATIVE, unused=schedule.never_saves) = 0  # keep the last N as ckpt-<iter>.pt
 ckpt_every_tokens: Setting(NOT_NEGATIVE) = 0  # keep ckpt-tok<tokens>-val<loss>.pt each N tokens (0: off)
+async_save: Setting(unused=checkpoint.sharded_in_step) = False  # True: saved from a copy in RAM while training goes on
 init_from: Setting() = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log: Setting() = False  # every row of log.jsonl to Weights & Biases too
@@ -183,7 +184,8 @@ opt = optim.build(raw_model, run.optimizer, run.device_type)
 log = TrainLog(run.out_dir, enabled=run.master and run.writes)
 state = checkpoint.restore(source.checkpoint, model, opt, scaler, train_loader, log, run.rank, run.world_size)
 saver = checkpoint.Saver(run.out_dir, claim, source.checkpoint,  # the last good checkpoint, divergence, ownership
-                         keep_best=not (run.always_save_checkpoint or run.checkpoint_interval or run.sharded))
+                         keep_best=not (run.always_save_checkpoint or run.checkpoint_interval or run.sharded),
+                         background=run.async_save and not run.sharded)
 iter_num, best_val_loss = state['iter_num'], state['best_val_loss']
 nonfinite = step.NonFinite(run.max_nonfinite_steps, state['skipped_steps'])  # updates skipped for a NaN/inf
 if iter_num >= run.max_iters and not run.eval_only:
@@ -204,7 +206,8 @@ def elapsed():
 
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
-    exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it."""
+    exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it
+    (async_save: whether it is being written)."""
     return saver.save(raw_model if not run.sharded else model, opt, run.sharded, name, run.keep_checkpoints,
                       model_args=raw_model.config.checkpoint_args(), iter_num=iter_num, tokens=run.tokens_at(iter_num),
                       best_val_loss=best_val_loss, config=dict(run.settings), scaler=scaler.state_dict(),
@@ -245,6 +248,7 @@ def finish(stopped=False):
     """The end of a run, done or stopped by a signal (between steps or in an evaluation, abandoned: iter_num's state
     saved as it is, then exit): the totals, the page reads the last rows, the process group goes."""
     saved = stopped and run.writes and save()  # eval_only writes nothing
+    saved = saver.wait() is not False and saved  # async_save: the last save ends (written or failed) before the end
     good = saver.good if saver.good and (saved or not stopped) else None  # a failed save is not resumed from
     then = (f"the same command plus --init_from=resume (and --out_dir={run.out_dir})" if stopped else
             f"python sample.py --out_dir={run.out_dir}") if good else None

@@ -8,6 +8,9 @@ log_interval = 10  # don't print too too often
 
 # we expect to overfit on this small dataset, so only save when val improves
 always_save_checkpoint = False
+# each of those saves (128 MB with AdamW's moments) is written from a thread while training goes on: the steps
+# wait only for its copy to host memory
+async_save = True
 
 wandb_log = False  # override via command line if you like
 wandb_project = 'shakespeare-char'

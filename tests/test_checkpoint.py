@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -38,12 +39,14 @@ def data_dir(tmp_path_factory):
     return write_ids_dataset(tmp_path_factory.mktemp("data"), counting_ids(30000, noise=0.2), "abcdefghijklmnop")
 
 
-@pytest.mark.parametrize("ddp", [False, True], ids=["one-process", "ddp-gloo"])
-def test_resume_continues_exactly(data_dir, tmp_path, ddp):
+@pytest.mark.parametrize("ddp, async_save", [(False, False), (True, False), (False, True)],
+                         ids=["one-process", "ddp-gloo", "async-save"])
+def test_resume_continues_exactly(data_dir, tmp_path, ddp, async_save):
+    """async_save: the halves' checkpoints are written from a thread while the steps go on; the whole run's not."""
     whole, halves = tmp_path / "whole", tmp_path / "halves"
     train(data_dir, whole, *flags(max_iters=20), ddp=ddp)
-    train(data_dir, halves, *flags(max_iters=10), ddp=ddp)
-    train(data_dir, halves, *flags(max_iters=20, init_from="resume"), ddp=ddp)
+    train(data_dir, halves, *flags(max_iters=10, async_save=async_save), ddp=ddp)
+    train(data_dir, halves, *flags(max_iters=20, init_from="resume", async_save=async_save), ddp=ddp)
     a, b = log_rows(whole), log_rows(halves)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(20))  # the log has no repeats
     # bitwise: the same batches, learning rates, dropout masks and optimizer state
@@ -106,13 +109,15 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(data_dir, tmp_pat
     assert [row["step"] for row in log_rows(out)] == list(range(n + 3))  # rows n.. are the resumed run's
 
 
-def test_a_stop_keeps_the_best_weights_where_the_summary_says(data_dir, tmp_path):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_stop_keeps_the_best_weights_where_the_summary_says(data_dir, tmp_path, async_save):
     """always_save_checkpoint=False: ckpt.pt holds the best val loss's weights. A stop's save (a later step)
     keeps them as ckpt-best.pt first, and the summary and the log's end row say which file holds what, with the
     command that resumes; a resumed run keeps saying so, or, past a new best, drops the stale copy."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "train.py", f"--data_dir={data_dir}", f"--out_dir={out}",
-                             *flags(max_iters=100000, always_save_checkpoint=False, learning_rate=1e-2)],
+                             *flags(max_iters=100000, always_save_checkpoint=False, learning_rate=1e-2,
+                                    async_save=async_save)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(out, 8, proc)  # evaluations at steps 0 and 5: the second is a new best, saved to ckpt.pt
     proc.send_signal(signal.SIGTERM)
@@ -182,6 +187,61 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys
     ckpt = load_checkpoint(path)
     assert ckpt["iter_num"] == 1 and torch.equal(ckpt["model"]["w"], torch.ones(3))
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def tied_model_and_optimizer(device="cpu"):
+    """Two linear layers sharing one weight (as wte and lm_head do), and AdamW with moments after one step."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 4)}).to(device)
+    model["b"].weight = model["a"].weight
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.ones(2, 4, device=device)
+    return model, opt, lambda: (model["b"](model["a"](x)).square().sum().backward(), opt.step())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_background_save_holds_its_steps_weights_while_the_next_step_changes_them(tmp_path, monkeypatch, device):
+    """async_save: the steps after a save change the weights and AdamW's moments in place while the thread is still
+    writing; the file holds those of the saved step, the tied weights still one tensor."""
+    model, opt, train_step = tied_model_and_optimizer(device)
+    train_step()
+    go, real_save = threading.Event(), torch.save
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (go.wait(30), real_save(*a, **k)))
+    saver = Saver(str(tmp_path), background=True)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    moment = opt.state[model["a"].weight]["exp_avg"].clone()
+    assert saver.save(model, opt, iter_num=3, model_args={}) is True
+    train_step()  # in place, as the writer waits
+    assert not torch.equal(model["a"].weight, weights["a.weight"]) and not (tmp_path / "ckpt.pt").exists()
+    go.set()
+    assert saver.wait() is True and saver.good == (str(tmp_path / "ckpt.pt"), 3)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert all(torch.equal(ckpt["model"][k], w.cpu()) for k, w in weights.items()) and ckpt["iter_num"] == 3
+    assert ckpt["model"]["a.weight"].untyped_storage().data_ptr() == ckpt["model"]["b.weight"].untyped_storage(
+    ).data_ptr()
+    assert torch.equal(ckpt["optimizer"]["state"][0]["exp_avg"], moment.cpu())
+
+
+def test_a_background_save_that_fails_is_said_and_ends_the_run_in_error(tmp_path, monkeypatch, capsys):
+    """A write that fails in the thread says so in one line as a failed save does, keeps the previous file, and
+    the run ends with the error that names it and the last good checkpoint."""
+    model, opt, train_step = tied_model_and_optimizer()
+    saver = Saver(str(tmp_path), background=True)
+    saver.save(model, opt, iter_num=1, model_args={})
+    train_step()
+
+    def disk_full(obj, f, *a, **k):
+        f.write(b"partial bytes")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", disk_full)
+    assert saver.save(model, opt, iter_num=2, model_args={}) is True  # being written
+    assert saver.wait() is False
+    assert "error: could not save checkpoint" in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"last checkpoint could not be saved .*No space left on device.*the last good "
+                                        r"checkpoint is .*ckpt.pt, from step 1"):
+        saver.check_end()
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter_num"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
 
 def test_keep_checkpoints(data_dir, tmp_path):
@@ -350,12 +410,14 @@ def test_a_live_run_stops_rather_than_save_into_a_folder_another_run_claimed(dat
     assert (out / "ckpt.pt").read_bytes() == b"the other run's" and (out / "run.lock").exists()
 
 
-def test_a_folder_claimed_while_the_checkpoint_is_written_is_not_written_over(tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_folder_claimed_while_the_checkpoint_is_written_is_not_written_over(tmp_path, monkeypatch, background):
     """Writing a checkpoint takes seconds: the folder is checked again just before the new file takes the old
-    one's place, so another run that claimed it meanwhile keeps its checkpoint, and no temporary file is left."""
+    one's place, so another run that claimed it meanwhile keeps its checkpoint, and no temporary file is left.
+    Written in the background (async_save), the error stops the run at the next save, or as the run ends."""
     out = tmp_path / "out"
     claim = rundir.claim(str(out), fresh=True)
-    saver = Saver(str(out), claim=claim)
+    saver = Saver(str(out), claim=claim, background=background)
     model = torch.nn.Linear(2, 2)
     real_save = torch.save
 
@@ -366,8 +428,10 @@ def test_a_folder_claimed_while_the_checkpoint_is_written_is_not_written_over(tm
         (out / "ckpt.pt").write_bytes(b"the other run's")
 
     monkeypatch.setattr(torch, "save", save_while_another_run_claims)
-    with pytest.raises(UserError, match=rf"not saving to {out}: another run has claimed {out} \(PID 4242"):
+    with pytest.raises(UserError, match=rf"not saving to {out}: another run has claimed {out} \(PID 4242.*"
+                                        rf"ckpt.pt was not written by this run"):
         saver.save(model, torch.optim.AdamW(model.parameters()), iter_num=3)
+        saver.check_end()
     assert (out / "ckpt.pt").read_bytes() == b"the other run's"
     assert sorted(os.listdir(out)) == ["ckpt.pt", "run.lock"]
     claim.release()

@@ -84,7 +84,7 @@ def other_values(value):
         return [not value]
     if isinstance(value, (int, float)):
         return [type(value)(v) for v in (0, -1, 1, 4096) if v != value]
-    return ['', 'x', 'resume', 'muon', 'constant', 'wsd', 'blocks', 'hooks']
+    return ['', 'x', 'resume', 'muon', 'constant', 'wsd', 'blocks', 'hooks', 'fsdp']
 
 
 def inert_runs(declared, base):
@@ -123,7 +123,8 @@ def test_every_unused_rule_names_its_setting_in_a_run_it_cannot_act_in(tmp_path)
             config = configurator.Config(values, {key}, TRAIN)
             try:
                 plan.check_settings(config)
-                run = plan.decide(config, plan.Source('scratch'), None, 1, 'cpu', 'float32',
+                fsdp = values['parallelism'] == 'fsdp'  # two processes under torchrun, as fsdp needs
+                run = plan.decide(config, plan.Source('scratch'), None, 1 + fsdp, 'cpu', 'float32', torchrun=fsdp,
                                   data=(str(tmp_path), 'the data', ''))
             except UserError as e:  # the run is refused: the settings that made it so are named there
                 said.append(str(e))

@@ -1,12 +1,14 @@
 """Checkpoints (docs/checkpoints.md): nanoGPT's ckpt.pt layout plus what an exact resume needs, written atomically,
 CRC-checked on load and read with weights_only=True. What a run saves and when (Saver), resuming, and models built from
 checkpoints. Sharded (fsdp) checkpoints: sharded.py; the run's folder and its lock: rundir.py."""
+import copy
 import math
 import os
 import random
 import re
 import shutil
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from functools import partial
 
@@ -24,6 +26,9 @@ from gpt.runtime.files import atomic_write
 from gpt.runtime.untrusted import first_non_finite, safe_load
 from model import GPT, GPTConfig
 
+# train.py's `unused` test of async_save
+sharded_in_step = lambda c: c['parallelism'] == 'fsdp' and ("parallelism='fsdp' writes sharded checkpoints, every rank "
+                                                             "its part, while training waits")
 # how far above the best val loss so far (in nats) a loss that is also above the untrained model's counts as
 # divergence: docs/checkpoints.md#numerical-faults says why 1 nat
 DIVERGENCE_MARGIN = 1.0
@@ -70,6 +75,26 @@ def write_checkpoint(ckpt, path, before_replace=None):
             raise  # not a failure to write: a bug, with its traceback
         print(f"error: could not save checkpoint to {path} ({reason}); the previous checkpoint is kept")
         return f"{path}: {reason}"
+
+
+def host_copy(obj, storages=None):
+    """obj (dicts, lists and tuples of tensors and plain values) with every tensor copied to the CPU as it is now,
+    tensors that shared memory (tied weights) sharing it still: what a background write saves while the step
+    goes on changing the originals in place, CPU ones too."""
+    storages = {} if storages is None else storages
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        key = (storage.device, storage.data_ptr())
+        if key not in storages:
+            storages[key] = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+        return torch.empty(0, dtype=obj.dtype).set_(storages[key], obj.storage_offset(), obj.size(), obj.stride())
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # the same type, with what it carries beside the items (a state_dict's _metadata)
+        out.update((k, host_copy(v, storages)) for k, v in obj.items())
+        return out
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v, storages) for v in obj)
+    return obj
 
 
 def portable(optimizer_state):
@@ -180,10 +205,12 @@ def due(iter_num, due, val_loss, best_val_loss, eval_only, always_save_checkpoin
 
 class Saver:
     """A run's own checkpoints: the last good one (good: path, iter_num), why its weights are broken (diverged) or
-    its last save failed, whose out_dir it is (claim: rank 0's rundir.Claim). resumed: load_for_resume's, or None."""
+    its last save failed, whose out_dir it is (claim: rank 0's rundir.Claim). resumed: load_for_resume's, or None.
+    background: rank 0 writes each ckpt.pt from a thread, from a host copy, one at a time (async_save)."""
 
-    def __init__(self, out_dir, claim=None, resumed=None, keep_best=False):
-        self.out_dir, self.claim = out_dir, claim
+    def __init__(self, out_dir, claim=None, resumed=None, keep_best=False, background=False):
+        self.out_dir, self.claim, self.pending = out_dir, claim, None  # pending: the write under way (a Future)
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if background else None
         self.good = self.initial_val_loss = self.diverged = self.save_failed = self.new_best = None
         # keep_best: ckpt.pt is the best val loss's weights (always_save_checkpoint=False), so a save of a later
         # step (a stop's) first keeps them as BEST_NAME; best: (file name, step) holding them, where known
@@ -204,18 +231,28 @@ class Saver:
             print(f"step {iter_num}: not saving a checkpoint: {self.diverged}")
 
     def to_save(self, *args):
+        if self.pending is not None and self.pending.done():
+            self.wait()  # a write that ended in an error that stops the run (out_dir taken) stops it now
         return [] if self.diverged else due(*args)
+
+    def wait(self):
+        """Until the checkpoint being written in the background (if any) is in place or has failed: its outcome,
+        whether it was written (an error that stops the run is raised here); None if none was under way."""
+        pending, self.pending = self.pending, None
+        return pending.result() if pending is not None else None
 
     def save(self, model, optimizer, sharded=False, name=None, keep=0, **state):
         """Every rank calls this. Sharded: each rank writes its part of out_dir/ckpt_dcp/; else rank 0 writes
-        ckpt.pt (or <name>), keeping the last `keep`. Returns whether it was written (False on ranks > 0)."""
+        ckpt.pt (or <name>), keeping the last `keep`. Returns whether it was written, or in the background whether
+        it is being written (False on ranks > 0)."""
+        self.wait()  # one write at a time, in order
         self.check_owner()
         if self.diverged:
             if is_master():
                 print(f"not saving a checkpoint: {self.diverged} ({self.last_good()})")
             return False
         state = {**state, "initial_val_loss": self.initial_val_loss, "rng": gather_rng_states()}
-        last_check = partial(self.check_owner, broadcast=False)  # writing takes seconds: asked again at the end
+        last_check = partial(self.check_owner, broadcast=False, wait=False)  # writing takes seconds: asked again
         if sharded:
             save_sharded(self.out_dir, model, optimizer, state, before_replace=last_check)
             self.good = (os.path.join(self.out_dir, DCP_DIR), state["iter_num"])
@@ -225,7 +262,7 @@ class Saver:
             dist.barrier()
         return saved
 
-    def check_owner(self, broadcast=True):
+    def check_owner(self, broadcast=True, wait=True):
         """Stop the run (UserError) if out_dir is no longer its own; rank 0's claim answers for every rank."""
         problem = self.claim.owner_problem() if self.claim is not None else None
         if broadcast and distributed():
@@ -234,7 +271,7 @@ class Saver:
             problem = box[0]
         if problem:
             raise UserError(f"not saving to {self.out_dir}: {problem}; this run stops so as not to write over "
-                            f"that run's files ({self.last_good()})")
+                            f"that run's files ({self.last_good(wait)})")
 
     def write(self, model, optimizer, name, keep, state, last_check):
         """Rank 0's part of an unsharded save; returns whether it was written."""
@@ -249,6 +286,14 @@ class Saver:
         print(f"saving checkpoint to {path}")
         best = ("ckpt.pt", state["iter_num"]) if best_now else self.best
         ckpt = {"model": model_sd, "optimizer": portable(optimizer.state_dict()), **state, "best_checkpoint": best}
+        if self.writer is None:
+            return self.put_in_place(ckpt, path, name, keep, best_now, best, last_check)
+        self.pending = self.writer.submit(self.put_in_place, host_copy(ckpt), path, name, keep, best_now, best,
+                                          last_check)
+        return True
+
+    def put_in_place(self, ckpt, path, name, keep, best_now, best, last_check):
+        """write's second half, from the checkpoint as it is to be saved: the file written, then the records."""
         self.save_failed = write_checkpoint(ckpt, path, before_replace=last_check)
         if self.save_failed:
             return False
@@ -256,9 +301,9 @@ class Saver:
             remove(os.path.join(self.out_dir, BEST_NAME), "the earlier best checkpoint")
         self.best = best
         if name is None:
-            self.good = (path, state["iter_num"])
+            self.good = (path, ckpt["iter_num"])
             if keep > 0:
-                keep_numbered_copy(path, state["iter_num"], keep)
+                keep_numbered_copy(path, ckpt["iter_num"], keep)
         elif keep > 0:
             prune_checkpoints(self.out_dir, name, keep)
         return True
@@ -267,8 +312,11 @@ class Saver:
         """(path, step) of the checkpoint holding the best val loss's weights, where known."""
         return self.best and (os.path.join(self.out_dir, self.best[0]), self.best[1])
 
-    def last_good(self):
-        """The checkpoint to go back to, in words: the last this run wrote or resumed from."""
+    def last_good(self, wait=True):
+        """The checkpoint to go back to, in words: the last this run wrote or resumed from (once the write under
+        way has ended, unless called from it)."""
+        if wait:
+            self.wait()
         if self.good is not None:
             return f"the last good checkpoint is {self.good[0]}, from step {self.good[1]}"
         path = os.path.join(self.out_dir, "ckpt.pt")
@@ -280,6 +328,7 @@ class Saver:
 
     def check_end(self):
         """One error line (status 2) at the end of a run whose last save failed or whose weights are broken."""
+        self.wait()
         if self.save_failed:
             raise UserError(f"the run's last checkpoint could not be saved ({self.save_failed}); {self.last_good()}")
         if self.diverged:
@@ -334,9 +383,9 @@ def way_back(path):
     folder = os.path.dirname(path) or "."
     copies = [os.path.join(folder, f) for f in os.listdir(folder)
               if re.fullmatch(r"ckpt-\d+\.pt|ckpt-tok\d+-val.*\.pt", f)]
-    for copy in sorted(copies, key=os.path.getmtime, reverse=True):
-        if not os.path.samefile(copy, path) and not checksum_failure(copy):
-            return f"go back to the newest intact copy kept beside it: cp {copy} {path}"
+    for kept in sorted(copies, key=os.path.getmtime, reverse=True):
+        if not os.path.samefile(kept, path) and not checksum_failure(kept):
+            return f"go back to the newest intact copy kept beside it: cp {kept} {path}"
     return ("no intact copy is kept beside it (keep_checkpoints=N keeps the last N as ckpt-<iter>.pt): "
             "restore it from a backup, or train again")
 
