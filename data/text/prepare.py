@@ -12,15 +12,13 @@ data/<name>/train.bin, val.bin and meta.json (and tokenizer.json for a BPE of it
 Each file is one document, a folder's text files (recursively) taken in path order; the rest is in
 docs/data.md#your-own-text.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # repo root
 from gpt.data import dataset_dir
-from gpt.data.sources import COMPRESSED, make_out_dir, read_text, write_splits
+from gpt.data.sources import COMPRESSED, make_out_dir, read_text, script_options, write_splits
 from gpt.data.tokenizer import Tokenizer, char_meta, dataset_tokenizer
-from gpt.runtime import errors
 from gpt.runtime.errors import UserError
 
 # what a folder's text files may be called (a file named on the command line may be called anything)
@@ -54,7 +52,7 @@ def text_files(inputs):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_options(__doc__)
     parser.add_argument("--input", nargs="+", help="text files and/or folders of text files")
     parser.add_argument("--name", help="the dataset's name: writes data/<name>/, trained with --dataset=<name>")
     parser.add_argument("--out_dir", help="write here instead of data/<name>/ (then train with --data_dir)")
@@ -128,5 +126,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    errors.install()
     main()
