@@ -109,10 +109,7 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
         for runs, (out, work) in steps:
             if work is not None:
                 work.wait()
-            start = 0
-            for (i, tall, dtype), items in runs.items():
-                run = out[start:start + len(items)]
-                start += len(items)
+            for ((i, tall, dtype), items), run in zip(runs.items(), out.split([len(v) for v in runs.values()])):
                 self._apply([target for target, _ in items], run.mT if tall else run, rates[i], dtype)
 
     def _pieces(self, found_inf):
@@ -128,13 +125,11 @@ class MuonAdamW(WithoutDynamo, torch.optim.Optimizer):
             rates.append(rate if found_inf is None else rate * (1 - found_inf))  # zero on a skipped step
             targets = []
             for p, update in zip(params, self._momentum(group, params, skip)):
-                start = 0
-                for rows in group['splits'] or [p.size(0)]:
-                    piece, target = update[start:start + rows], p[start:start + rows]
+                splits = group['splits'] or [p.size(0)]
+                for rows, piece, target in zip(splits, update.split(splits), p.split(splits)):
                     _, runs = buckets.setdefault(tuple(sorted(piece.shape)), (group['ns_steps'], {}))
                     runs.setdefault((len(rates) - 1, rows > p.size(1), p.dtype), []).append((target, piece))
                     targets.append(target)
-                    start += rows
             if group['weight_decay']:  # decoupled; before the update or after: it reads no weight
                 torch._foreach_mul_(targets, 1 - rates[-1] * group['weight_decay'])
         return buckets, rates
