@@ -83,15 +83,12 @@ def gpt2_to_hf(model):
     if cfg.n_kv_head != cfg.n_head:
         raise UserError(f"n_kv_head={cfg.n_kv_head}: transformers' GPT-2 has no grouped-query attention "
                         f"(n_head={cfg.n_head}), so this model cannot be exported as GPT2LMHeadModel")
-    C, hidden = cfg.n_embd, cfg.mlp_hidden
     config = GPT2Config(**_common_kwargs(cfg, "gpt2"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=None, eos_token_id=None)  # the tokenizer's, set by the caller
     state_dict = {k: v.t() if k.endswith(CONV1D) else v for k, v in model.state_dict().items()}
-    if not cfg.bias:  # transformers' GPT-2 always has biases: zeros compute the same thing
-        sizes = {"ln_1": C, "attn.c_attn": 3 * C, "attn.c_proj": C, "ln_2": C, "mlp.c_fc": hidden, "mlp.c_proj": C}
-        state_dict.update({f"transformer.h.{i}.{name}.bias": torch.zeros(n)
-                           for i in range(cfg.n_layer) for name, n in sizes.items()})
-        state_dict["transformer.ln_f.bias"] = torch.zeros(C)
+    if not cfg.bias:  # transformers' GPT-2 always has biases: zeros (each norm's and Linear's) compute the same thing
+        state_dict.update({k.removesuffix("weight") + "bias": torch.zeros(len(v)) for k, v in model.state_dict().items()
+                           if k.startswith(("transformer.h.", "transformer.ln_f.")) and k.endswith(".weight")})
     return config, state_dict
 
 
