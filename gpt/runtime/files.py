@@ -14,19 +14,13 @@ from contextlib import contextmanager, suppress
 @contextmanager
 def atomic_write(path, mode="wb", before_replace=None, encoding=None):
     """`with atomic_write(path) as f: f.write(...)` - the file appears at `path` only when complete."""
-    with _temporary(path, before_replace) as (fd, _):
-        # the file mkstemp made, not whatever is at its name now
-        with os.fdopen(os.dup(fd), mode, encoding=encoding) as f:
-            yield f
-
-
-@contextmanager
-def _temporary(path, before_replace):
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
         try:
-            yield fd, tmp
+            # the file mkstemp made, not whatever is at its name now
+            with os.fdopen(os.dup(fd), mode, encoding=encoding) as f:
+                yield f
             os.fsync(fd)  # through mkstemp's descriptor: the writer's own may be closed by now (a memmap's is)
             os.fchmod(fd, file_mode())  # mkstemp makes the file private; give it the mode open() would
         finally:
