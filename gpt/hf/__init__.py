@@ -66,7 +66,9 @@ IGNORED = {
 # --- export: our model -> a transformers config and state dict
 
 def _common_kwargs(cfg, family):
-    """The transformers config's fields that map one to one (FIELDS), from a GPTConfig."""
+    """The transformers config's one-to-one fields (FIELDS) from a `family` model's GPTConfig (else a UserError)."""
+    if cfg.family != family:
+        raise UserError(f"{family}_to_hf needs a {family}-family model, not family '{cfg.family}'")
     i = 0 if family == "gpt2" else 1
     plain = ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden", "norm_eps", "tie_embeddings")
     kwargs = {FIELDS[k][i]: getattr(cfg, k) for k in plain}
@@ -78,13 +80,11 @@ def gpt2_to_hf(model):
     """(GPT2Config, GPT2LMHeadModel state dict) of a gpt2-family GPT: Linear weights transposed, zero biases if none."""
     from transformers import GPT2Config
     cfg = model.config
-    if cfg.family != "gpt2":
-        raise UserError(f"gpt2_to_hf needs a gpt2-family model, not family '{cfg.family}'")
+    config = GPT2Config(**_common_kwargs(cfg, "gpt2"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=None, eos_token_id=None)  # the tokenizer's, set by the caller
     if cfg.n_kv_head != cfg.n_head:
         raise UserError(f"n_kv_head={cfg.n_kv_head}: transformers' GPT-2 has no grouped-query attention "
                         f"(n_head={cfg.n_head}), so this model cannot be exported as GPT2LMHeadModel")
-    config = GPT2Config(**_common_kwargs(cfg, "gpt2"), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=None, eos_token_id=None)  # the tokenizer's, set by the caller
     state_dict = {k: v.t() if k.endswith(CONV1D) else v for k, v in model.state_dict().items()}
     if not cfg.bias:  # transformers' GPT-2 always has biases: zeros (each norm's and Linear's) compute the same thing
         state_dict.update({k.removesuffix("weight") + "bias": torch.zeros(len(v)) for k, v in model.state_dict().items()
@@ -116,8 +116,6 @@ def llama_to_hf(model):
     """(LlamaConfig, LlamaForCausalLM state dict) of a llama-family GPT: views of the model's own tensors, no copies."""
     from transformers import LlamaConfig
     cfg = model.config
-    if cfg.family != "llama":
-        raise UserError(f"llama_to_hf needs a llama-family model, not family '{cfg.family}'")
     config = LlamaConfig(**_common_kwargs(cfg, "llama"), num_key_value_heads=cfg.n_kv_head, rope_theta=cfg.rope_theta,
                          head_dim=cfg.n_embd // cfg.n_head, attention_bias=cfg.bias, mlp_bias=cfg.bias)
     config.rope_theta = cfg.rope_theta  # transformers 5 keeps it in rope_parameters only; 4.x reads this one
