@@ -51,9 +51,8 @@ def check(out_dir, fresh):
 
 def check_no_links(out_dir):
     """A UserError naming each symbolic link where the run would write a file of its own."""
-    links = [os.path.join(out_dir, f) for f in sorted(os.listdir(out_dir))
-             if (f in (LOCK_NAME, "ckpt_dcp.tmp") or is_run_file(f)) and os.path.islink(os.path.join(out_dir, f))]
-    if links:
+    if links := [os.path.join(out_dir, f) for f in sorted(os.listdir(out_dir))
+                 if (f in (LOCK_NAME, "ckpt_dcp.tmp") or is_run_file(f)) and os.path.islink(os.path.join(out_dir, f))]:
         named = ", ".join(f"{path} (a link to {os.readlink(path)})" for path in links)
         them = "it (what it points to" if len(links) == 1 else "them (what they point to"
         raise UserError(f"{named}: a run writes its own files in out_dir, never through a link; remove {them} "

@@ -74,9 +74,8 @@ class TrainLog:
             f.seek(position)
             dropped = f.read().splitlines()
             f.truncate(position)
-        steps = {row["step"] for row in parse_rows(dropped)
-                 if isinstance(row, dict) and row.get("kind") == "train" and isinstance(row.get("step"), int)}
-        if steps:
+        if steps := {row["step"] for row in parse_rows(dropped)
+                     if isinstance(row, dict) and row.get("kind") == "train" and isinstance(row.get("step"), int)}:
             what = f"step {min(steps):,}" if len(steps) == 1 else f"steps {min(steps):,}-{max(steps):,}"
             print(f"log: {what} ran after the checkpoint and run{'s' * (len(steps) == 1)} again: dropped "
                   f"{len(dropped)} rows of {self.path} written after it")

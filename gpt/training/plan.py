@@ -402,9 +402,8 @@ def build_model(plan, src, seed):
     else:
         args, weights = (src.model_args, src.weights) if src.weights is not None else hf.load_pretrained(src.name)
         full = {**plan.model, 'block_size': args['block_size']}
-        mismatch = [k for k in GPTConfig.fields_of(ARCHITECTURE)
-                    if k != 'block_size' and args.get(k, full[k]) != full[k]]
-        if mismatch:
+        if mismatch := [k for k in GPTConfig.fields_of(ARCHITECTURE)
+                        if k != 'block_size' and args.get(k, full[k]) != full[k]]:
             raise UserError(f"{src.name}'s weights are not the model its config describes ({', '.join(mismatch)})")
         model = init_model(full, None, device)
         checkpoint.load_weights(model, weights, src.name)
