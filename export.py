@@ -17,15 +17,14 @@ from gpt.checkpoint import checkpoint_meta, load_checkpoint, model_from_checkpoi
 from gpt.data.tokenizer import get_tokenizer
 from gpt.hf import exportdir, model_card, to_hf, verify
 from gpt.hf.tokenizer import hf_tokenizer, save_tokenizer
-from gpt.runtime import errors
-from gpt.runtime.errors import UserError
+from gpt.runtime.errors import UserError, install
 from gpt.runtime.files import atomic_write
 
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
 def main(argv):
-    errors.install()
+    install()
     settings = dict(
         out_dir='out',  # the run folder, holding ckpt.pt
         export_dir='',  # where the transformers folder goes; '' = <out_dir>/hf

@@ -13,8 +13,7 @@ import sys
 import configurator
 from gpt.data import check_output_file
 from gpt.monitor.trainlog import LOG_NAME, read_log
-from gpt.runtime import errors
-from gpt.runtime.errors import UserError
+from gpt.runtime.errors import UserError, install
 from gpt.runtime.files import atomic_write
 
 # the values the panels plot; each is a number or null in a train or eval row (step and tokens always numbers)
@@ -131,7 +130,7 @@ def figure(rows, title):
 
 
 def main(argv):
-    errors.install()
+    install()
     settings = dict(
         out_dir='out',  # the run folder, holding log.jsonl
         output='',  # the image to write, its format by its extension (.png, .svg, .pdf, ...); '' = <out_dir>/curves.png
