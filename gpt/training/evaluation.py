@@ -10,10 +10,7 @@ from gpt.generation import until_eot
 from gpt.monitor.trainlog import duration
 from gpt.runtime.settings import NOT_NEGATIVE, NUCLEUS, POSITIVE, Setting
 
-
-def _no_samples(c):
-    return c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
-
+_no_samples = lambda c: c['sample_interval'] == 0 and "sample_interval=0 draws no samples during training"
 
 # train.py's settings for what it evaluates besides the loss, set like train.py's own (gpt/runtime/settings.py)
 SETTINGS = dict(
