@@ -33,8 +33,7 @@ def qk_kernel(q):
 
 
 def norm_kernel(x):
-    """layer_norm (gpt/kernels/layer_norm.py's kernels) where it runs for the input x, else None. Triton is not
-    checked here: the run plan turns fused_norm off without it."""
+    """layer_norm (gpt/kernels/layer_norm.py's) where it runs for x, else None (Triton not checked: see qk_kernel)."""
     return layer_norm if runs_on(x) else None
 
 
