@@ -207,7 +207,7 @@ def elapsed():
 def save(name=None):
     """out_dir/ckpt.pt (or, under fsdp, the sharded ckpt_dcp/): everything a resumed run needs to go on
     exactly as this one would. With a name: that file instead, kept beside ckpt.pt. Returns whether it wrote it
-    (async_save: whether it is being written)."""
+    (async_save: whether it is writing it)."""
     return saver.save(raw_model if not run.sharded else model, opt, run.sharded, name, run.keep_checkpoints,
                       model_args=raw_model.config.checkpoint_args(), iter_num=iter_num, tokens=run.tokens_at(iter_num),
                       best_val_loss=best_val_loss, config=dict(run.settings), scaler=scaler.state_dict(),

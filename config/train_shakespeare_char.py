@@ -8,8 +8,7 @@ log_interval = 10  # don't print too too often
 
 # we expect to overfit on this small dataset, so only save when val improves
 always_save_checkpoint = False
-# each of those saves (128 MB with AdamW's moments) is written from a thread while training goes on: the steps
-# wait only for its copy to host memory
+# each such save (128 MB with AdamW's moments) is written from a thread: the steps wait only for its copy to RAM
 async_save = True
 
 wandb_log = False  # override via command line if you like
