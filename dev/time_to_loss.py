@@ -40,7 +40,7 @@ def main():
           f"{reached['val']:.4f})" if reached else "not reached") +
           (f"; best {best['val']:.4f} at step {best['step']}, {best['since_launch']:.1f} s" if best else ""))
     print(f"first step at {summary['first_step']} s, median step {summary['step_ms']} ms, evaluations "
-          f"{summary['evals']} s, saves {summary['saves']} s")
+          f"{summary['evals']} s, saves {summary['saves']} s, steps after saves {summary['after_save_ms']} ms")
 
 
 if __name__ == "__main__":

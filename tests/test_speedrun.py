@@ -61,10 +61,12 @@ def test_breakdown_says_where_a_runs_time_went():
              (2.1, "iter 0: loss 4.2, lr 1e-05, norm 1.0, time 900.00ms, tok/s 18,204"),
              *[(2.1 + i / 100, f"iter {i}: loss 3.0, norm 0.5, time {7 + i % 3}.00ms") for i in range(10, 60, 10)],
              (2.9, "step 60: train loss 2.0, val loss 2.1000, perplexity 8.2, 2.9s since launch"),
-             (2.95, "saving checkpoint to out/ckpt.pt"), (3.2, "iter 60: loss 2.0, time 8.00ms")]
+             (2.95, "saving checkpoint to out/ckpt.pt"), (3.2, "iter 60: loss 2.0, time 8.00ms"),
+             (3.3, "iter 70: loss 2.0, time 11.00ms")]
     parts = speedrun.breakdown(lines)
-    # steps after the 20th only (the first ones compile and capture): 7, 8, 9, 8 ms at iters 30-60
-    assert parts == dict(first_step=2.0, step_ms=8.0, evals=[0.3], saves=[0.25])
+    # steps after the 20th only (the first ones compile and capture): 7, 8, 9, 8, 11 ms at iters 30-70; the
+    # save's 10 lines hold the steps logged at 60 and 70
+    assert parts == dict(first_step=2.0, step_ms=8.0, evals=[0.3], saves=[0.25], after_save_ms=9.5)
 
 
 @pytest.mark.needs("matplotlib")
