@@ -39,8 +39,8 @@ def data_dir(tmp_path_factory):
     return write_ids_dataset(tmp_path_factory.mktemp("data"), counting_ids(30000, noise=0.2), "abcdefghijklmnop")
 
 
-@pytest.mark.parametrize("ddp, async_save", [(False, False), (True, False), (False, True)],
-                         ids=["one-process", "ddp-gloo", "async-save"])
+@pytest.mark.parametrize("ddp, async_save", [(False, False), (True, False), (True, True)],
+                         ids=["one-process", "ddp-gloo", "ddp-gloo-async-save"])
 def test_resume_continues_exactly(data_dir, tmp_path, ddp, async_save):
     """async_save: the halves' checkpoints are written from a thread while the steps go on; the whole run's not."""
     whole, halves = tmp_path / "whole", tmp_path / "halves"
