@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import ROOT, counting_ids, log_rows, run, tiny, write_ids_dataset
 
-from gpt.checkpoint import Saver, load_checkpoint, rundir, save_checkpoint
+from gpt.checkpoint import Saver, load_checkpoint, rundir, write_checkpoint
 from gpt.data import read_meta
 from gpt.runtime.errors import UserError
 
@@ -175,13 +175,13 @@ def test_kill_9_during_saves_never_breaks_the_checkpoint(data_dir, tmp_path):
 
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
     path = str(tmp_path / "ckpt.pt")
-    assert save_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}, "iter_num": 1}, path)
+    assert write_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}, "iter_num": 1}, path) is None
 
     def disk_full(obj, f, *a, **k):
         f.write(b"partial bytes")
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(torch, "save", disk_full)
-    assert not save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}, "iter_num": 2}, path)
+    assert write_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}, "iter_num": 2}, path)
     assert "No space left on device" in capsys.readouterr().out
     monkeypatch.undo()
     ckpt = load_checkpoint(path)

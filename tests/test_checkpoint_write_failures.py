@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from conftest import write_ids_dataset
 
-from gpt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from gpt.checkpoint import load_checkpoint, write_checkpoint  # noqa: E402
 
 
 def wrapped(code):
@@ -51,7 +51,7 @@ CASES = [(n, "torch.save") for n in FAILURES] + [(n, w) for n in FAILURES if isi
 @pytest.mark.parametrize("name,where", CASES, ids=[f"{n}-{w}" for n, w in CASES])
 def test_a_failed_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys, name, where):
     path = str(tmp_path / "ckpt.pt")
-    assert save_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}, "iter_num": 1}, path)
+    assert write_checkpoint({"model": {"w": torch.ones(3)}, "model_args": {}, "iter_num": 1}, path) is None
     capsys.readouterr()
     error = FAILURES[name]
     if where == "torch.save":
@@ -61,7 +61,7 @@ def test_a_failed_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, 
         monkeypatch.setattr(torch, "save", failing_save)
     else:
         monkeypatch.setattr(os, "fsync" if where == "fsync" else "replace", lambda *a: (_ for _ in ()).throw(error))
-    assert not save_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}, "iter_num": 2}, path)
+    assert write_checkpoint({"model": {"w": torch.zeros(3)}, "model_args": {}, "iter_num": 2}, path)
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"error: could not save checkpoint to {path} (") \
         and out[0].endswith("the previous checkpoint is kept"), out
@@ -76,7 +76,7 @@ def test_a_failed_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, 
 def test_other_errors_are_bugs_and_keep_their_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug in pickling")))
     with pytest.raises(RuntimeError, match="a bug"):
-        save_checkpoint({"model": {}}, str(tmp_path / "ckpt.pt"))
+        write_checkpoint({"model": {}}, str(tmp_path / "ckpt.pt"))
 
 
 @pytest.fixture

@@ -47,13 +47,9 @@ def is_master():
 
 # --- writing
 
-def save_checkpoint(ckpt, path):
-    """Write atomically; a failure to write is one line, the previous file kept. Returns whether it saved."""
-    return write_checkpoint(ckpt, path) is None
-
-
 def write_checkpoint(ckpt, path, before_replace=None):
-    """save_checkpoint's work: None once the file is in place, else why not (before_replace: atomic_write's)."""
+    """Write atomically: None once the file is in place, else why not, said in one line, the previous file kept
+    (before_replace: atomic_write's)."""
     folder, name = os.path.split(os.path.abspath(path))
     for stale in os.listdir(folder):  # temp files of saves a kill -9 cut short, each a whole checkpoint
         if stale.startswith(name + ".") and stale.endswith(".tmp"):

@@ -168,7 +168,7 @@ def convert_sharded(out_dir):
         full = torch.load(os.path.join(tmp, 'full.pt'), map_location='cpu', weights_only=True)
     ckpt = {**state, 'model': full['model']}
     checkpoint.model_from_checkpoint(ckpt, path)  # the weights make the model its model_args describe
-    if not checkpoint.save_checkpoint(ckpt, target):
+    if checkpoint.write_checkpoint(ckpt, target):
         return None
     print(f"wrote {target} (step {state.get('iter_num')}; weights only, without the optimizer state)")
     return target
