@@ -76,7 +76,7 @@ def host_copy(obj, storages, reuse):
     """obj (dicts, lists and tuples of tensors and plain values) with every tensor copied to the CPU as it is now,
     tensors that shared memory (tied weights) sharing it still: what a background write saves while the steps
     go on changing the originals in place, CPU ones too. storages: filled with the copies, by (device, address,
-    size); reuse: an earlier call's, written over rather than allocated again (3-4x faster: no page faults)."""
+    size); reuse: an earlier call's, written over, not allocated again (its memory is mapped: no page faults)."""
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
         key = (storage.device, storage.data_ptr(), storage.nbytes())
