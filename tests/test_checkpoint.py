@@ -248,6 +248,25 @@ def test_a_background_save_that_fails_is_said_and_ends_the_run_in_error(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
 
 
+def test_async_save_writes_the_files_a_run_in_the_step_writes(data_dir, tmp_path):
+    """async_save changes when a checkpoint is written, not what: the same files (ckpt.pt, the numbered copies, the
+    token checkpoints), each with the same weights, optimizer state, step and record of the best."""
+    runs = {}
+    for async_save in (False, True):
+        out = tmp_path / str(async_save)
+        train(data_dir, out, *flags(max_iters=20, keep_checkpoints=2, ckpt_every_tokens=500,
+                                    always_save_checkpoint=False, async_save=async_save))
+        runs[async_save] = {f: torch.load(out / f, weights_only=True) for f in sorted(os.listdir(out))
+                            if f.endswith(".pt")}
+    assert list(runs[False]) == list(runs[True]) and len(runs[True]) >= 4, list(runs[True])
+    for name, a in runs[False].items():
+        b = runs[True][name]
+        assert (a["iter_num"], a["best_checkpoint"]) == (b["iter_num"], b["best_checkpoint"]), name
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
+        assert all(torch.equal(x, b["optimizer"]["state"][i][key]) for i, state in a["optimizer"]["state"].items()
+                   for key, x in state.items()), name
+
+
 def test_keep_checkpoints(data_dir, tmp_path):
     out = tmp_path / "out"
     train(data_dir, out, *flags(max_iters=20, keep_checkpoints=2))
