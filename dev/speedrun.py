@@ -97,15 +97,17 @@ def parse_evals(lines):
 def breakdown(lines):
     """Where a train.py run's time went, from its timestamped lines [(seconds, line)]: when its first step began
     (the startup line), the median step of its iter lines after step 20 (ms), and the seconds each evaluation
-    (from the iter line before it, so with the steps since that line) and each checkpoint save took, and the
-    median of the steps logged in the 10 lines after each save (async_save: while the thread writes it)."""
+    (from the iter line before it, so with the steps since that line) and each checkpoint save took (from the line
+    before "saving checkpoint", so with any wait for the previous save's write, to the line after it, so with the
+    step that follows), and the median of the steps logged in the 10 lines after each save (async_save: while the
+    thread writes it)."""
     steps = [float(m.group(2)) for _, line in lines if (m := ITER_LINE.match(line)) and int(m.group(1)) > 20]
     after_save = [float(m.group(2)) for i, (_, line) in enumerate(lines) if (m := ITER_LINE.match(line))
                   and any(seen.startswith("saving checkpoint") for _, seen in lines[max(0, i - 10):i])]
     evals = [round(t - t0, 3) for (t0, before), (t, line) in zip(lines, lines[1:])
              if EVAL_LINE.match(line) and ITER_LINE.match(before)]
-    saves = [round(t - t0, 3) for (t0, before), (t, _) in zip(lines, lines[1:])
-             if before.startswith("saving checkpoint")]
+    saves = [round(t - t0, 3) for (t0, _), (_, saving), (t, _) in zip(lines, lines[1:], lines[2:])
+             if saving.startswith("saving checkpoint")]
     return dict(first_step=next((round(t, 3) for t, line in lines if line.startswith("startup:")), None),
                 step_ms=statistics.median(steps) if steps else None, evals=evals, saves=saves,
                 after_save_ms=statistics.median(after_save) if after_save else None)

@@ -66,7 +66,7 @@ def test_breakdown_says_where_a_runs_time_went():
     parts = speedrun.breakdown(lines)
     # steps after the 20th only (the first ones compile and capture): 7, 8, 9, 8, 11 ms at iters 30-70; the
     # save's 10 lines hold the steps logged at 60 and 70
-    assert parts == dict(first_step=2.0, step_ms=8.0, evals=[0.3], saves=[0.25], after_save_ms=9.5)
+    assert parts == dict(first_step=2.0, step_ms=8.0, evals=[0.3], saves=[0.3], after_save_ms=9.5)
 
 
 @pytest.mark.needs("matplotlib")
