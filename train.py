@@ -61,7 +61,7 @@ always_save_checkpoint: Setting(unused=settings.by_interval) = True  # if True, 
 checkpoint_interval: Setting(schedule.CHECKPOINT_INTERVAL) = 0  # save every N steps (0: at evaluations; -1: never)
 keep_checkpoints: Setting(NOT_NEGATIVE, unused=schedule.never_saves) = 0  # keep the last N as ckpt-<iter>.pt
 ckpt_every_tokens: Setting(NOT_NEGATIVE) = 0  # keep ckpt-tok<tokens>-val<loss>.pt each N tokens (0: off)
-async_save: Setting(unused=checkpoint.sharded_in_step) = False  # True: saved from a copy in RAM while training goes on
+async_save: Setting(unused=schedule.saves_in_step) = False  # True: saved from a copy in RAM while training goes on
 init_from: Setting() = 'scratch'  # 'scratch' or 'resume' or 'gpt2*' (or a transformers GPT-2 or Llama folder)
 # wandb logging
 wandb_log: Setting() = False  # every row of log.jsonl to Weights & Biases too

@@ -26,8 +26,6 @@ from gpt.runtime.files import atomic_write
 from gpt.runtime.untrusted import first_non_finite, safe_load
 from model import GPT, GPTConfig
 
-# train.py's `unused` test of async_save
-sharded_in_step = lambda c: c['parallelism'] == 'fsdp' and "parallelism='fsdp' writes its shards as training waits"
 # how far above the best val loss so far (in nats) a loss that is also above the untrained model's counts as
 # divergence: docs/checkpoints.md#numerical-faults says why 1 nat
 DIVERGENCE_MARGIN = 1.0

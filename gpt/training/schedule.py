@@ -231,3 +231,5 @@ batch_in_tokens = lambda c: c['total_batch_size'] > 0 and 'gradient_accumulation
     f"total_batch_size={c['total_batch_size']:,} sets the batch; the micro-steps follow from it and batch_size")
 never_saves = lambda c: c['checkpoint_interval'] == -1 and c['ckpt_every_tokens'] == 0 and (
     "checkpoint_interval=-1 saves no checkpoints")
+saves_in_step = lambda c: never_saves(c) or c['parallelism'] == 'fsdp' and (  # async_save's
+    "parallelism='fsdp' writes its shards as training waits")
